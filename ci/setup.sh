@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Idempotent setup: creates .venv in the repo, installs the pinned stack, builds Horovod
+# 0.28.1 against the installed TensorFlow with Gloo, installs this package (editable).
+# Fails loudly if `horovodrun --check-build` does not list TensorFlow and Gloo.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+VENV="$ROOT/.venv"
+STAMP="$VENV/.merlin-models-de-setup"
+REQ_HASH="$(cat ci/requirements.txt ci/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$REQ_HASH" ]]; then
+  echo "[setup] .venv is up to date"
+  exit 0
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "[setup] creating $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+# pip < 24: merlin-dataloader 23.8 declares a direct-URL dependency that pip 24+ rejects.
+python -m pip install --quiet "pip<24" "setuptools<70" wheel
+python -m pip install --quiet -r ci/requirements.txt
+
+# No [tensorflow] extra and --no-deps: the extra asks for the `tensorflow` distribution, which
+# pip would fetch at its newest (with NumPy 2) on top of tensorflow-cpu. Its few plain
+# dependencies are pinned in ci/requirements.txt.
+if ! python -c "import horovod.tensorflow" 2>/dev/null; then
+  echo "[setup] building horovod 0.28.1 against $(python -c 'import tensorflow as tf; print(tf.__version__)') (a few minutes)"
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
+  MAKEFLAGS="-j$(nproc)" \
+    python -m pip install --no-cache-dir --no-build-isolation --no-deps "horovod==0.28.1"
+fi
+
+CHECK="$(horovodrun --check-build)"
+echo "$CHECK"
+python - "$CHECK" <<'PY'
+import re, sys
+text = sys.argv[1]
+def on(name):
+    m = re.search(r"\[(X| )\]\s*" + name, text)
+    return bool(m and m.group(1) == "X")
+missing = [n for n in ("TensorFlow", "Gloo") if not on(n)]
+if missing:
+    sys.exit(f"[setup] FAILED: horovodrun --check-build does not list {missing}")
+PY
+
+python -m pip install --quiet --no-deps -e .
+python -c "import merlin_models_de, merlin.models.tf, horovod.tensorflow; print('[setup] imports ok')"
+echo "$REQ_HASH" > "$STAMP"
+echo "[setup] done"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Sets up .venv (idempotent) and runs every test: single-process tests first, then the
+# multi-process tests under `horovodrun -np 2`. Every stage has a timeout; a stuck rank
+# prints "rank N stuck ..." with its stack and fails the run instead of stalling CI.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash ci/setup.sh || { echo "[test] setup failed"; exit 1; }
+source .venv/bin/activate
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"
+NP="${MMDE_TEST_NP:-2}"
+STATUS=0
+
+# pytest exit code 5 means "no tests collected": a stage with no tests is not a failure,
+# but it is reported so an empty suite never passes silently.
+run_stage() {
+  local name="$1"; shift
+  local start=$SECONDS
+  "$@"
+  local rc=$?
+  if [[ $rc -eq 5 ]]; then
+    echo "[test] $name: no tests collected"; rc=0
+  elif [[ $rc -eq 124 ]]; then
+    echo "[test] $name: TIMED OUT after $((SECONDS - start))s (a rank hung; see 'stuck' lines above)"
+  fi
+  echo "[test] $name finished with exit code $rc in $((SECONDS - start))s"
+  [[ $rc -eq 0 ]] || STATUS=1
+}
+
+run_stage "single-process tests" \
+  timeout --kill-after=30 1500 python -m pytest tests/unit --ignore=tests/unit/horovod \
+    -p no:cacheprovider --timeout=600 -q "$@"
+
+run_stage "horovodrun -np $NP tests" \
+  timeout --kill-after=30 1500 horovodrun --gloo -np "$NP" -H "localhost:$NP" \
+    python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
+
+if [[ $STATUS -eq 0 ]]; then echo "[test] ALL STAGES PASSED"; else echo "[test] SOME STAGES FAILED"; fi
+exit $STATUS

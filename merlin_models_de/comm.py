@@ -1,0 +1,113 @@
+"""The one module that calls Horovod.
+
+Nothing here runs at import time: Horovod is imported and initialized on first use, and
+only when the process was started by ``horovodrun`` (or Horovod was already initialized).
+A plain single process is world size 1 and every collective is the identity.
+
+Example:
+    >>> from merlin_models_de import comm
+    >>> comm.size(), comm.rank()  # doctest: +SKIP
+    (1, 0)
+"""
+from __future__ import annotations
+
+import os
+
+_LAUNCH_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _launched_by_horovod() -> bool:
+    return any(v in os.environ for v in _LAUNCH_VARS)
+
+
+def hvd():
+    """The ``horovod.tensorflow`` module, initialized; None in a plain single process."""
+    if not _launched_by_horovod():
+        try:
+            import horovod.tensorflow as h  # noqa: F401
+        except ImportError:
+            return None
+        return h if h.is_initialized() else None
+    import horovod.tensorflow as h
+
+    if not h.is_initialized():
+        h.init()
+    return h
+
+
+def size() -> int:
+    """Number of ranks (1 without horovodrun)."""
+    h = hvd()
+    return h.size() if h else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without horovodrun)."""
+    h = hvd()
+    return h.rank() if h else 0
+
+
+def local_rank() -> int:
+    """Rank on this host (0 without horovodrun)."""
+    h = hvd()
+    return h.local_rank() if h else 0
+
+
+def alltoall(tensor, splits, name=None):
+    """Sends ``tensor[rows of split i]`` to rank i; returns (received, received_splits).
+
+    Differentiable: Horovod registers its gradient (the reverse all-to-all).
+    """
+    h = hvd()
+    if h is None or h.size() == 1:
+        return tensor, splits
+    return h.alltoall(tensor, splits=splits, name=name)
+
+
+def allgather(tensor, name=None):
+    """Concatenates every rank's ``tensor`` along axis 0 (rank order)."""
+    h = hvd()
+    if h is None or h.size() == 1:
+        return tensor
+    return h.allgather(tensor, name=name)
+
+
+def allreduce(tensor, op="average", name=None):
+    """Average (default) or sum of ``tensor`` over ranks."""
+    h = hvd()
+    if h is None or h.size() == 1:
+        return tensor
+    return h.allreduce(tensor, op=h.Average if op == "average" else h.Sum, name=name)
+
+
+def broadcast(tensor, root_rank=0, name=None):
+    """``root_rank``'s ``tensor`` on every rank."""
+    h = hvd()
+    if h is None or h.size() == 1:
+        return tensor
+    return h.broadcast(tensor, root_rank, name=name)
+
+
+def allgather_object(obj, name=None) -> list:
+    """Every rank's picklable ``obj``, as a list in rank order."""
+    h = hvd()
+    if h is None or h.size() == 1:
+        return [obj]
+    return h.allgather_object(obj, name=name)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """``root_rank``'s picklable ``obj`` on every rank."""
+    h = hvd()
+    if h is None or h.size() == 1:
+        return obj
+    return h.broadcast_object(obj, root_rank, name=name)
+
+
+def barrier(name="mmde_barrier") -> None:
+    """Waits until every rank arrives (Horovod's TF API has no barrier; a tiny allreduce is one)."""
+    h = hvd()
+    if h is not None and h.size() > 1:
+        import tensorflow as tf
+
+        h.allreduce(tf.constant(0, tf.int32), op=h.Sum, name=name)

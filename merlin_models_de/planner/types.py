@@ -1,0 +1,170 @@
+"""Plan value types: ShardingType, Shard and ShardingPlan (pure Python).
+
+Example:
+    >>> from merlin_models_de.tables import TableSpec, FeatureSpec
+    >>> t = TableSpec("a", 10, 4, (FeatureSpec("a", "a"),))
+    >>> p = ShardingPlan(2, "basic", (t,), (Shard("a", 0, ShardingType.TABLE_WISE, 0, 10, 0, 4),))
+    >>> ShardingPlan.from_dict(p.to_dict()) == p
+    True
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from merlin_models_de.tables import TableSpec, human_bytes
+
+# Extra copies of every parameter that an optimizer keeps (its slot variables).
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "rmsprop": 1, "ftrl": 2, "lazyadam": 2}
+
+
+class ShardingType(enum.Enum):
+    """How one table is laid out across ranks."""
+
+    # The whole table lives on one rank; that rank serves every sample's lookups.
+    TABLE_WISE = "table_wise"
+    # A range of columns lives on one rank; the table is a few narrower tables downstream.
+    COLUMN_WISE = "column_wise"
+    # A range of rows lives on each rank; every rank looks up every id, owners answer.
+    ROW_WISE = "row_wise"
+    # The whole table is replicated on every rank; lookups stay local, gradients allreduce.
+    DATA_PARALLEL = "data_parallel"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A rectangle of one table held by one rank.
+
+    Attributes:
+        table: Table name.
+        rank: Rank that holds the rectangle.
+        kind: How the table is sharded.
+        row_start, rows: Row range ``[row_start, row_start + rows)``.
+        col_start, cols: Column range ``[col_start, col_start + cols)``.
+
+    Example:
+        >>> Shard("a", 1, ShardingType.COLUMN_WISE, 0, 10, 8, 8).elements
+        80
+    """
+
+    table: str
+    rank: int
+    kind: ShardingType
+    row_start: int
+    rows: int
+    col_start: int
+    cols: int
+
+    @property
+    def elements(self) -> int:
+        """Number of parameters in the shard."""
+        return self.rows * self.cols
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable dict."""
+        return {"table": self.table, "rank": self.rank, "kind": self.kind.value,
+                "row_start": self.row_start, "rows": self.rows,
+                "col_start": self.col_start, "cols": self.cols}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Shard":
+        """Inverse of :meth:`to_dict`."""
+        return cls(d["table"], int(d["rank"]), ShardingType(d["kind"]), int(d["row_start"]),
+                   int(d["rows"]), int(d["col_start"]), int(d["cols"]))
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """Which rank holds which table, column slice or row slice. Same on every rank.
+
+    ``shards`` lists, rank by rank, the shards in the order that rank stores them locally.
+
+    Example:
+        >>> plan.shards_on(0)  # doctest: +SKIP
+        >>> print(plan.summary(optimizer="adagrad"))  # doctest: +SKIP
+    """
+
+    world_size: int
+    strategy: str
+    tables: tuple[TableSpec, ...]
+    shards: tuple[Shard, ...]
+    options: tuple[tuple[str, Any], ...] = field(default=())
+
+    def table(self, name: str) -> TableSpec:
+        """The TableSpec called ``name``."""
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"No table named {name!r} in the plan. Received: name={name!r}")
+
+    def shards_on(self, rank: int) -> tuple[Shard, ...]:
+        """The shards held by ``rank``, in local storage order."""
+        return tuple(s for s in self.shards if s.rank == rank)
+
+    def shards_of(self, table: str) -> tuple[Shard, ...]:
+        """The shards of one table, in rank order."""
+        return tuple(sorted((s for s in self.shards if s.table == table), key=lambda s: s.rank))
+
+    def kind_of(self, table: str) -> ShardingType:
+        """How ``table`` is sharded."""
+        return self.shards_of(table)[0].kind
+
+    def rank_elements(self, rank: int) -> int:
+        """Embedding parameters held by ``rank``."""
+        return sum(s.elements for s in self.shards_on(rank))
+
+    def balance(self) -> float:
+        """Busiest rank's elements over the mean (1.0 is perfect)."""
+        per_rank = [self.rank_elements(r) for r in range(self.world_size)]
+        mean = sum(per_rank) / self.world_size
+        return max(per_rank) / mean if mean else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable dict; inverse of :meth:`from_dict`."""
+        return {"world_size": self.world_size, "strategy": self.strategy,
+                "tables": [t.to_dict() for t in self.tables],
+                "shards": [s.to_dict() for s in self.shards],
+                "options": dict(self.options)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ShardingPlan":
+        """Builds a plan from :meth:`to_dict` output."""
+        return cls(int(d["world_size"]), d["strategy"],
+                   tuple(TableSpec.from_dict(t) for t in d["tables"]),
+                   tuple(Shard.from_dict(s) for s in d["shards"]),
+                   tuple(sorted(dict(d.get("options", {})).items())))
+
+    def summary(self, optimizer: str = "sgd", dtype_bytes: int = 4) -> str:
+        """A text table: per rank shards, rows, parameter bytes and bytes with optimizer slots.
+
+        Args:
+            optimizer: Name of the optimizer whose slot copies to count (sgd 0, adagrad 1,
+                adam 2 extra copies).
+            dtype_bytes: Bytes per parameter.
+        """
+        slots = optimizer_slots(optimizer)
+        lines = [f"ShardingPlan: {len(self.tables)} tables, world_size={self.world_size}, "
+                 f"strategy={self.strategy}, optimizer={optimizer.lower()} (+{slots} slot copies)",
+                 f"{'rank':>4} {'shards':>6} {'rows':>14} {'params':>12} {'with slots':>12}"]
+        per_rank = []
+        for rank in range(self.world_size):
+            mine = self.shards_on(rank)
+            params = sum(s.elements for s in mine) * dtype_bytes
+            per_rank.append(params)
+            lines.append(f"{rank:>4} {len(mine):>6} {sum(s.rows for s in mine):>14,} "
+                         f"{human_bytes(params):>12} {human_bytes(params * (1 + slots)):>12}")
+        total = sum(per_rank)
+        lines.append(f"total {human_bytes(total)} params; "
+                     f"{human_bytes(total * (1 + slots))} with slots; "
+                     f"balance max/mean={self.balance():.3f}")
+        return "\n".join(lines)
+
+
+def optimizer_slots(optimizer: str) -> int:
+    """Extra parameter copies an optimizer keeps. Raises ValueError for unknown names."""
+    key = str(optimizer).lower()
+    if key not in OPTIMIZER_SLOTS:
+        raise ValueError(f"Unknown optimizer; expected one of {sorted(OPTIMIZER_SLOTS)}. "
+                         f"Received: optimizer={optimizer!r}")
+    return OPTIMIZER_SLOTS[key]

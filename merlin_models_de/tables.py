@@ -1,0 +1,233 @@
+"""Merlin schema -> embedding table specs (pure Python, no TensorFlow).
+
+A table has ``rows = int_domain.max + 1`` rows. Features whose ``int_domain.name`` is the
+same share one table, as ``mm.Embeddings`` does. List (multi-hot / ragged) features get a
+combiner; scalar features are one-hot lookups.
+
+Example:
+    >>> from merlin.datasets.synthetic import generate_data  # doctest: +SKIP
+    >>> schema = generate_data("music-streaming", 10).schema  # doctest: +SKIP
+    >>> tables = tables_from_schema(schema, dim=16)  # doctest: +SKIP
+    >>> [t.name for t in tables if len(t.features) > 1]  # doctest: +SKIP
+    ['genres']
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One input feature and how it is looked up.
+
+    Attributes:
+        name: Column name in the schema and key in the batch dict.
+        table: Name of the table the feature reads.
+        multi_hot: True for list / ragged features (several ids per sample).
+        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` for pooled multi-hot lookups; ``None``
+            for one-hot features, and for multi-hot features returned un-pooled (3-D).
+
+    Example:
+        >>> FeatureSpec("genres", "genres", multi_hot=True, combiner="mean").combiner
+        'mean'
+    """
+
+    name: str
+    table: str
+    multi_hot: bool = False
+    combiner: str | None = None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table.
+
+    Attributes:
+        name: Table name (``int_domain.name`` or the column name).
+        rows: Number of rows (vocabulary size).
+        dim: Embedding width.
+        features: The features that read this table, in schema order.
+
+    Example:
+        >>> t = TableSpec("item", rows=1000, dim=16, features=(FeatureSpec("item", "item"),))
+        >>> t.elements, t.bytes()
+        (16000, 64000)
+    """
+
+    name: str
+    rows: int
+    dim: int
+    features: tuple[FeatureSpec, ...]
+
+    @property
+    def elements(self) -> int:
+        """Number of parameters of the table."""
+        return self.rows * self.dim
+
+    def bytes(self, dtype_bytes: int = 4) -> int:
+        """Parameter bytes of the table."""
+        return self.elements * dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict; inverse of :meth:`from_dict`."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TableSpec":
+        """Builds a TableSpec from :meth:`to_dict` output."""
+        feats = tuple(FeatureSpec(**f) for f in data["features"])
+        return cls(data["name"], int(data["rows"]), int(data["dim"]), feats)
+
+
+def default_infer_dim(column) -> int:
+    """Merlin's embedding-dim heuristic (``infer_embedding_dim``), imported lazily."""
+    from merlin.models.utils.schema_utils import infer_embedding_dim
+
+    return int(infer_embedding_dim(column))
+
+
+def embedding_columns(schema) -> list:
+    """The columns that get embedding tables: categorical and not a target.
+
+    Example:
+        >>> cols = embedding_columns(schema)  # doctest: +SKIP
+    """
+    from merlin.schema import Tags
+
+    targets = set(schema.select_by_tag(Tags.TARGET).column_names)
+    cats = schema.select_by_tag(Tags.CATEGORICAL)
+    return [col for col in cats if col.name not in targets]
+
+
+def _rows_of(column) -> int:
+    domain = column.int_domain
+    if domain is None or domain.max is None:
+        raise ValueError(
+            f"Categorical column '{column.name}' has no cardinality: its schema needs an "
+            f"int_domain with a max (rows = max + 1). Received: int_domain={domain!r}"
+        )
+    if int(domain.max) <= 0:
+        raise ValueError(
+            f"Categorical column '{column.name}' needs int_domain.max > 0. "
+            f"Received: int_domain.max={domain.max!r}"
+        )
+    return int(domain.max) + 1
+
+
+def _check_keys(option: str, value: Any, known: set[str]) -> None:
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                f"{option} names features or tables that are not in the schema: {unknown}. "
+                f"Known: {sorted(known)}"
+            )
+
+
+def _dim_of(column, table: str, dim, infer_dim_fn: Callable) -> int:
+    value = None
+    if isinstance(dim, Mapping):
+        value = dim.get(column.name, dim.get(table))
+    elif dim is not None:
+        value = dim
+    if value is None:
+        value = infer_dim_fn(column)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"dim for feature '{column.name}' must be a positive int. Received: dim={value!r}"
+        )
+    return value
+
+
+def _combiner_of(column, combiner) -> str | None:
+    multi_hot = bool(column.is_list or column.is_ragged)
+    if not multi_hot:
+        return None
+    value = combiner.get(column.name) if isinstance(combiner, Mapping) else combiner
+    if value is not None and value not in COMBINERS:
+        raise ValueError(
+            f"Unknown combiner for feature '{column.name}'; expected one of {COMBINERS} or "
+            f"None. Received: combiner={value!r}"
+        )
+    return value
+
+
+def tables_from_schema(
+    schema,
+    dim: int | Mapping[str, int] | None = None,
+    *,
+    infer_dim_fn: Callable | None = None,
+    combiner: str | Mapping[str, str | None] | None = "mean",
+) -> tuple[TableSpec, ...]:
+    """Builds the table specs of every categorical, non-target column of ``schema``.
+
+    Args:
+        schema: A Merlin ``Schema``.
+        dim: One width for all tables, a dict by feature or table name, or None to infer it.
+        infer_dim_fn: ``column -> int`` used where ``dim`` gives none; Merlin's
+            ``infer_embedding_dim`` by default.
+        combiner: Pooling of list features (``sum``, ``mean``, ``sqrtn`` or None for un-pooled
+            3-D outputs), one for all or a dict by feature name.
+
+    Returns:
+        The tables in schema order of their first feature.
+
+    Raises:
+        ValueError: naming the column and value, for missing or non-positive cardinality,
+            shared tables that disagree on rows or dim, unknown combiners, or dicts that
+            name features not in the schema.
+
+    Example:
+        >>> tables = tables_from_schema(schema, dim={"item_id": 32}, combiner="sum")  # doctest: +SKIP
+    """
+    infer_dim_fn = infer_dim_fn or default_infer_dim
+    columns = embedding_columns(schema)
+    if not columns:
+        raise ValueError(
+            "The schema has no categorical, non-target columns to embed. "
+            f"Received columns: {list(schema.column_names)}"
+        )
+    names = {c.name for c in columns}
+    table_names = {(c.int_domain.name if c.int_domain else None) or c.name for c in columns}
+    _check_keys("dim", dim, names | table_names)
+    _check_keys("combiner", combiner, names)
+
+    rows: dict[str, int] = {}
+    dims: dict[str, int] = {}
+    feats: dict[str, list[FeatureSpec]] = {}
+    first: dict[str, str] = {}
+    for col in columns:
+        n_rows = _rows_of(col)
+        table = col.int_domain.name or col.name
+        width = _dim_of(col, table, dim, infer_dim_fn)
+        if table in rows:
+            for what, mine, theirs in (("rows", n_rows, rows[table]), ("dim", width, dims[table])):
+                if mine != theirs:
+                    raise ValueError(
+                        f"Features '{first[table]}' and '{col.name}' share table '{table}' "
+                        f"but disagree on {what}: {theirs} != {mine}. "
+                        f"Received: {what}={mine!r} for '{col.name}'"
+                    )
+        else:
+            rows[table], dims[table], feats[table], first[table] = n_rows, width, [], col.name
+        feats[table].append(
+            FeatureSpec(col.name, table, bool(col.is_list or col.is_ragged), _combiner_of(col, combiner))
+        )
+    return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t])) for t in rows)
+
+
+def feature_order(tables: Sequence[TableSpec]) -> list[FeatureSpec]:
+    """All features of ``tables``, in table order then feature order (the input list order)."""
+    return [f for t in tables for f in t.features]
+
+
+def human_bytes(n: float) -> str:
+    """``1536 -> '1.5 KiB'``."""
+    if n < 1024:
+        return f"{int(n)} B"
+    exp = min(int(math.log(n, 1024)), 5)
+    return f"{n / 1024 ** exp:.1f} {'KMGTP'[exp - 1]}iB"
