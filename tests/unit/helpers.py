@@ -11,3 +11,27 @@ def cat(name, max_id, *, domain_name=None, multi_hot=False, tags=()):
         domain["name"] = domain_name
     return ColumnSchema(name, tags=[Tags.CATEGORICAL, *tags], dtype=np.int64,
                         properties={"domain": domain}, is_list=multi_hot, is_ragged=multi_hot)
+
+
+def capped_schema(schema, max_id=999):
+    """``schema`` with every categorical cardinality capped at ``max_id + 1`` (fast tests)."""
+    from merlin.schema import Schema, Tags
+
+    cols = []
+    for col in schema:
+        if Tags.CATEGORICAL in col.tags and col.int_domain is not None:
+            domain = {"min": 0, "max": min(int(col.int_domain.max), max_id)}
+            if col.int_domain.name:
+                domain["name"] = col.int_domain.name
+            col = col.with_properties({**col.properties, "domain": domain})
+        cols.append(col)
+    return Schema(cols)
+
+
+def synthetic(name, rows, max_id=999):
+    """A Merlin synthetic dataset with capped cardinalities."""
+    from merlin.datasets.synthetic import generate_data
+
+    from merlin_models_de.plan import synthetic_schema
+
+    return generate_data(capped_schema(synthetic_schema(name), max_id), rows)

@@ -1,0 +1,266 @@
+"""The built-in backend: plain TensorFlow ops and Horovod all-to-all / allgather.
+
+One step, N ranks, B samples per rank:
+
+1. input exchange: every rank sends each owner the ids of the features it serves (plus a
+   two-number header: batch size and count of bad ids, so every rank sees every rank's);
+2. local lookup: the owner gathers from its concatenated shards (one gather per width);
+3. output exchange: the owner sends each rank the vectors of that rank's samples.
+
+Gradients flow back through the same all-to-alls (Horovod registers their gradients).
+
+Example:
+    >>> backend = HorovodBackend(plan, features, rank=0)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from merlin_models_de import comm
+from merlin_models_de.backends.base import EmbeddingBackend
+from merlin_models_de.backends.lookup import pooled_lookup
+from merlin_models_de.backends.routing import MODEL_PARALLEL, Routing
+from merlin_models_de.backends.validate import check_headers, local_problems
+from merlin_models_de.planner.types import ShardingPlan, ShardingType
+
+
+class HorovodBackend(EmbeddingBackend):
+    """Executes every plan the planner makes (see the module docstring)."""
+
+    name = "horovod"
+
+    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True):
+        for f in features:
+            if f.multi_hot and f.combiner is None:
+                raise NotImplementedError(
+                    f"Un-pooled sequence outputs (3-D) are not supported by the horovod backend "
+                    f"yet. Received: sequence_combiner=None for feature '{f.name}'; use 'mean', "
+                    f"'sum' or 'sqrtn'.")
+        self.plan, self.rank, self.validate_ids = plan, rank, validate_ids
+        self.routing = Routing.build(plan, features)
+        self.features = self.routing.features
+        self.groups: list = []  # this rank's concatenated model-parallel variables, by width
+        self.dp: dict = {}  # table -> replicated variable
+        self.rw: dict = {}  # table -> this rank's row slice
+
+    # ---- variables --------------------------------------------------------------------------
+
+    def build(self, layer, initializer, trainable: bool) -> None:
+        """Creates this rank's variables (idempotent)."""
+        if self.groups or self.dp or self.rw:
+            return
+        mine = self.plan.shards_on(self.rank)
+        for width in self.routing.groups[self.rank]:
+            shards = [s for s in mine if s.kind in MODEL_PARALLEL and s.cols == width]
+            inits = [(initializer(s.table), s.rows) for s in shards]
+            self.groups.append(layer.add_weight(
+                name=f"mp_w{width}", shape=(sum(s.rows for s in shards), width),
+                initializer=_ConcatInitializer(inits), trainable=trainable))
+        for s in mine:
+            table = self.plan.table(s.table)
+            if s.kind is ShardingType.DATA_PARALLEL:
+                self.dp[s.table] = layer.add_weight(
+                    name=f"dp_{s.table}", shape=(table.rows, table.dim),
+                    initializer=initializer(s.table), trainable=trainable)
+            elif s.kind is ShardingType.ROW_WISE:
+                self.rw[s.table] = layer.add_weight(
+                    name=f"rw_{s.table}", shape=(s.rows, table.dim),
+                    initializer=initializer(s.table), trainable=trainable)
+        for var in self.local_variables():
+            var._mmde_local = True  # pylint: disable=protected-access
+
+    def local_variables(self) -> list:
+        return list(self.groups) + list(self.rw.values())
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def call(self, inputs: list, training: bool = False) -> list:
+        r, n = self.routing, self.routing.world_size
+        batch = _batch_size(inputs)
+        tables = {t.name: t for t in self.plan.tables}
+        problems, deferred = (local_problems(inputs, self.features, tables, batch)
+                              if self.validate_ids else (tf.constant(0, tf.int64), []))
+        ids_by_lookup, checked = self._input_exchange(inputs, batch, problems, deferred)
+        with tf.control_dependencies(checked):
+            vectors = self._local_lookup(ids_by_lookup)
+            from_owner = self._output_exchange(vectors, batch)
+            outputs = []
+            for i, f in enumerate(self.features):
+                parts = []
+                for p in r.pieces[i]:
+                    if p.kind == "mp":
+                        parts.append(from_owner[p.owner][p.index])
+                    elif p.kind == "dp":
+                        ids, lengths = inputs[i]
+                        parts.append(pooled_lookup(self.dp[p.table], ids, row_lengths=lengths,
+                                                   combiner=f.combiner))
+                    else:
+                        parts.append(self._row_sliced(inputs[i], f, batch, n))
+                outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
+        return outputs
+
+    def _input_exchange(self, inputs, batch, problems, deferred):
+        """Stage 1. Returns per served lookup its ids from all ranks, and the header checks."""
+        r, n = self.routing, self.routing.world_size
+        header = tf.stack([batch, problems])
+        segments, values, value_splits = [], [], []
+        for owner in range(n):
+            lookups = r.served[owner]
+            seg = [header] + [inputs[l.feature][0] for l in lookups if not l.multi_hot]
+            seg += [inputs[l.feature][1] for l in lookups if l.multi_hot]
+            segments.append(tf.concat(seg, axis=0))
+            vals = [inputs[l.feature][0] for l in lookups if l.multi_hot]
+            values += vals
+            value_splits.append(sum(tf.size(v, out_type=tf.int64) for v in vals)
+                                if vals else tf.constant(0, tf.int64))
+        splits = tf.stack([tf.size(s, out_type=tf.int32) for s in segments])
+        received, received_splits = comm.alltoall(tf.concat(segments, 0), splits)
+        checked = check_headers(received, received_splits, batch, self.rank, n, deferred)
+        with tf.control_dependencies(checked):
+            mine = r.served[self.rank]
+            n_oh, n_mh = r.counts(self.rank)
+            body = tf.reshape(received, [n, 2 + batch * (n_oh + n_mh)])[:, 2:]
+            body = tf.reshape(body, [n, n_oh + n_mh, batch])
+            per_lookup = [(tf.reshape(body[:, k, :], [-1]), None) for k in range(n_oh)]
+            if n_mh:
+                per_lookup += self._multi_hot_exchange(values, value_splits, body[:, n_oh:, :],
+                                                       batch, n_mh)
+        return dict(zip(range(len(mine)), per_lookup)), checked
+
+    def _multi_hot_exchange(self, values, value_splits, lengths, batch, n_mh):
+        """Stage 1b: the ids of multi-hot lookups; ``lengths`` is ``[N, n_mh, B]``."""
+        n = self.routing.world_size
+        sent = tf.concat(values, 0) if values else tf.zeros([0], tf.int64)
+        received, _ = comm.alltoall(sent, tf.cast(tf.stack(value_splits), tf.int32))
+        rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(lengths, [-1]))
+        out = []
+        for m in range(n_mh):
+            pick = tf.reshape(tf.range(n, dtype=tf.int64)[:, None] * n_mh * batch
+                              + m * batch + tf.range(batch)[None, :], [-1])
+            picked = tf.gather(rows, pick)
+            out.append((picked.values, picked.row_lengths()))
+        return out
+
+    def _local_lookup(self, ids_by_lookup):
+        """Stage 2: ``[N*B, cols]`` per served lookup; one-hot lookups share one gather per width."""
+        r = self.routing
+        served = r.served[self.rank]
+        where = r.storage[self.rank]
+        out: dict = {}
+        for g, var in enumerate(self.groups):
+            batch = [k for k, l in enumerate(served)
+                     if not l.multi_hot and where[l.shard.table].group == g]
+            if batch:
+                ids = tf.concat([ids_by_lookup[k][0] + where[served[k].shard.table].offset
+                                 for k in batch], 0)
+                for k, vec in zip(batch, tf.split(tf.gather(var, ids), len(batch))):
+                    out[k] = vec
+        for k, l in enumerate(served):
+            if l.multi_hot:
+                st = where[l.shard.table]
+                ids, lengths = ids_by_lookup[k]
+                out[k] = pooled_lookup(self.groups[st.group], ids, row_lengths=lengths,
+                                       combiner=self.features[l.feature].combiner,
+                                       offset=st.offset)
+        return [out[k] for k in range(len(served))]
+
+    def _output_exchange(self, vectors, batch):
+        """Stage 3: per owner, the list of ``[B, cols]`` vectors of this rank's samples."""
+        r, n = self.routing, self.routing.world_size
+        widths = [r.width(j) for j in range(n)]
+        if not sum(widths):
+            return [[] for _ in range(n)]
+        w = widths[self.rank]
+        if vectors:
+            flat = tf.reshape(tf.concat(vectors, axis=1), [-1])
+        else:
+            flat = tf.zeros([0], self.groups[0].dtype if self.groups else tf.float32)
+        splits = tf.fill([n], tf.cast(batch, tf.int32) * w)
+        received, _ = comm.alltoall(flat, splits)
+        chunks = tf.split(received, [tf.cast(batch, tf.int32) * wj for wj in widths])
+        out = []
+        for j, chunk in enumerate(chunks):
+            cols = [l.shard.cols for l in r.served[j]]
+            out.append(tf.split(tf.reshape(chunk, [-1, widths[j]]), cols, axis=1) if cols else [])
+        return out
+
+    def _row_sliced(self, value, feature, batch, n):
+        """A row-sliced table: gather every rank's ids, look up the local rows, sum back."""
+        var = self.rw[feature.table]
+        shard = next(s for s in self.plan.shards_on(self.rank) if s.table == feature.table)
+        ids, lengths = value
+        all_ids = comm.allgather(ids)
+        all_lengths = comm.allgather(lengths) if lengths is not None else None
+        partial = pooled_lookup(var, all_ids, row_lengths=all_lengths, combiner=feature.combiner,
+                                row_range=(shard.row_start, shard.rows))
+        received, _ = comm.alltoall(partial, tf.fill([n], tf.cast(batch, tf.int32)))
+        return tf.reduce_sum(tf.reshape(received, [n, -1, var.shape[1]]), axis=0)
+
+    # ---- whole tables -------------------------------------------------------------------------
+
+    def _local_block(self, shard):
+        """(variable, first row) of ``shard`` on its owner."""
+        if shard.kind is ShardingType.DATA_PARALLEL:
+            return self.dp[shard.table], 0
+        if shard.kind is ShardingType.ROW_WISE:
+            return self.rw[shard.table], 0
+        st = self.routing.storage[shard.rank][shard.table]
+        return self.groups[st.group], st.offset
+
+    def get_table(self, name, chunk_bytes):
+        table = self.plan.table(name)
+        out = np.zeros((table.rows, table.dim), np.float32)
+        shards = self.plan.shards_of(name)
+        if shards[0].kind is ShardingType.DATA_PARALLEL:
+            return self.dp[name].numpy()
+        for s in shards:
+            for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
+                if s.rank == self.rank:
+                    var, first = self._local_block(s)
+                    data = var[first + lo:first + hi]
+                else:
+                    data = tf.zeros([hi - lo, s.cols], tf.float32)
+                data = comm.broadcast(data, root_rank=s.rank)
+                out[s.row_start + lo:s.row_start + hi, s.col_start:s.col_start + s.cols] = data
+        return out
+
+    def set_table(self, name, array, root_rank, chunk_bytes):
+        table = self.plan.table(name)
+        if array is not None and tuple(np.shape(array)) != (table.rows, table.dim):
+            raise ValueError(f"Table '{name}' has shape {(table.rows, table.dim)}. "
+                             f"Received: shape={tuple(np.shape(array))}")
+        for s in self.plan.shards_of(name):
+            for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
+                if array is not None:
+                    data = np.asarray(array[s.row_start + lo:s.row_start + hi,
+                                            s.col_start:s.col_start + s.cols], np.float32)
+                else:
+                    data = np.zeros((hi - lo, s.cols), np.float32)
+                if root_rank is not None:
+                    data = comm.broadcast(tf.constant(data), root_rank=root_rank)
+                if s.rank == self.rank:
+                    var, first = self._local_block(s)
+                    var[first + lo:first + hi].assign(data)
+
+
+class _ConcatInitializer:
+    """Initializes each shard of a concatenated variable with its own shape, then stacks them."""
+
+    def __init__(self, parts):
+        self.parts = parts  # [(initializer, rows)]
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        blocks = [init([rows, shape[1]], dtype=dtype) for init, rows in self.parts]
+        return tf.concat(blocks, axis=0)
+
+
+def _batch_size(inputs):
+    ids, lengths = inputs[0]
+    ref = lengths if lengths is not None else ids
+    return tf.shape(ref, out_type=tf.int64)[0]
+
+
+def _chunks(rows, cols, chunk_bytes):
+    step = max(1, chunk_bytes // max(1, cols * 4))
+    return [(lo, min(rows, lo + step)) for lo in range(0, rows, step)]

@@ -1,0 +1,114 @@
+"""Who sends which ids where, and where each output column comes from (pure Python).
+
+A ``Routing`` is derived from a ShardingPlan and the ordered feature list. It is the same on
+every rank; a rank reads its own part with ``rank``.
+
+Example:
+    >>> r = Routing.build(plan, features)  # doctest: +SKIP
+    >>> r.served[0]  # lookups rank 0 answers for every rank  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
+from merlin_models_de.tables import FeatureSpec
+
+MODEL_PARALLEL = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One feature read from one model-parallel shard on the shard's owner."""
+
+    feature: int  # index into the ordered feature list
+    shard: Shard
+    multi_hot: bool
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where some output columns of a feature come from.
+
+    kind "mp": ``owner`` answers, it is lookup ``index`` in ``served[owner]``;
+    kind "dp" / "rw": the table ``table`` is data parallel / row sliced.
+    """
+
+    kind: str
+    cols: int
+    owner: int = -1
+    index: int = -1
+    table: str = ""
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a shard lives in a rank's local variables: group ``group`` from row ``offset``."""
+
+    group: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The static routing of one plan. See the module docstring."""
+
+    world_size: int
+    features: tuple[FeatureSpec, ...]
+    served: tuple[tuple[Lookup, ...], ...]  # per owner rank: one-hot lookups first
+    pieces: tuple[tuple[Piece, ...], ...]  # per feature, in column order
+    groups: tuple[tuple[int, ...], ...]  # per rank: widths of the concatenated MP variables
+    storage: tuple[dict, ...]  # per rank: table name -> Storage of its MP shard there
+
+    @classmethod
+    def build(cls, plan: ShardingPlan, features) -> "Routing":
+        """Derives the routing of ``plan`` for ``features`` (the input list order)."""
+        features = tuple(features)
+        n = plan.world_size
+        served = []
+        for owner in range(n):
+            mine = [s for s in plan.shards_on(owner) if s.kind in MODEL_PARALLEL]
+            lookups = [Lookup(i, s, f.multi_hot) for s in mine
+                       for i, f in enumerate(features) if f.table == s.table]
+            lookups.sort(key=lambda l: l.multi_hot)  # stable: one-hot first
+            served.append(tuple(lookups))
+        pieces = []
+        for i, f in enumerate(features):
+            kind = plan.kind_of(f.table)
+            if kind is ShardingType.DATA_PARALLEL:
+                pieces.append((Piece("dp", plan.table(f.table).dim, table=f.table),))
+            elif kind is ShardingType.ROW_WISE:
+                pieces.append((Piece("rw", plan.table(f.table).dim, table=f.table),))
+            else:
+                parts = []
+                for s in sorted(plan.shards_of(f.table), key=lambda s: s.col_start):
+                    index = next(k for k, l in enumerate(served[s.rank])
+                                 if l.feature == i and l.shard == s)
+                    parts.append(Piece("mp", s.cols, owner=s.rank, index=index))
+                pieces.append(tuple(parts))
+        groups, storage = [], []
+        for rank in range(n):
+            widths: list[int] = []
+            rows: list[int] = []
+            where = {}
+            for s in plan.shards_on(rank):
+                if s.kind not in MODEL_PARALLEL:
+                    continue
+                if s.cols not in widths:
+                    widths.append(s.cols)
+                    rows.append(0)
+                g = widths.index(s.cols)
+                where[s.table] = Storage(g, rows[g])
+                rows[g] += s.rows
+            groups.append(tuple(widths))
+            storage.append(where)
+        return cls(n, features, tuple(served), tuple(pieces), tuple(groups), tuple(storage))
+
+    def width(self, owner: int) -> int:
+        """Output columns per sample that ``owner`` sends back to each rank."""
+        return sum(l.shard.cols for l in self.served[owner])
+
+    def counts(self, owner: int) -> tuple[int, int]:
+        """(one-hot lookups, multi-hot lookups) served by ``owner``."""
+        mh = sum(1 for l in self.served[owner] if l.multi_hot)
+        return len(self.served[owner]) - mh, mh

@@ -1,0 +1,137 @@
+"""The block in one process: same outputs as mm.Embeddings, config, save / load, errors."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import merlin.models.tf as mm
+from merlin.models.tf.transforms.features import PrepareFeatures
+from merlin.schema import Schema, Tags
+
+import merlin_models_de
+from merlin_models_de import DistributedEmbeddings
+from tests.unit.helpers import cat, synthetic
+
+
+def first_batch(name, schema_fn, rows=64, batch=32):
+    from merlin.datasets.synthetic import generate_data
+
+    ds = generate_data(name, rows)
+    x, _ = next(iter(mm.Loader(ds, batch_size=batch)))
+    return ds.schema, PrepareFeatures(ds.schema)(x)
+
+
+def copy_tables(reference, block):
+    """Sets ``block``'s tables from an mm.Embeddings block's tables."""
+    arrays = {name: layer.table.embeddings.numpy()
+              for name, layer in reference.parallel_dict.items()}
+    block.set_global_weights(arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("dataset", ["criteo", "aliccp-raw", "music-streaming", "sequence-testing"])
+def test_outputs_equal_mm_embeddings(dataset, synthetic_schema):
+    schema, features = first_batch(dataset, synthetic_schema)
+    cats = schema.select_by_tag(Tags.CATEGORICAL).excluding_by_tag(Tags.TARGET)
+    reference = mm.Embeddings(cats, dim=8)
+    want = reference(features)
+    block = DistributedEmbeddings(schema, dim=8)
+    block(features)
+    copy_tables(reference, block)
+    got = block(features)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key].shape == want[key].shape and got[key].dtype == want[key].dtype, key
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_shared_table_is_one_table_with_two_features(synthetic_schema):
+    schema, features = first_batch("music-streaming", synthetic_schema)
+    block = DistributedEmbeddings(schema, dim=4)
+    out = block(features)
+    genres = [t for t in block.tables if t.name == "genres"][0]
+    assert {f.name for f in genres.features} == {"item_genres", "user_genres"}
+    assert {"item_genres", "user_genres"} <= set(out)
+    # a single variable row block serves both: changing the table changes both outputs
+    arrays = block.get_global_weights()
+    arrays["genres"] = arrays["genres"] * 0 + 1.0
+    block.set_global_weights(arrays)
+    out = block(features)
+    for name in ("item_genres", "user_genres"):
+        np.testing.assert_allclose(out[name].numpy(), np.ones_like(out[name].numpy()))
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_combiners_match_tf_embedding_lookup_sparse(combiner):
+    schema = Schema([cat("tags", 49, multi_hot=True), cat("item", 9)])
+    block = DistributedEmbeddings(schema, dim=3, sequence_combiner=combiner)
+    ragged = tf.ragged.constant([[1, 2, 3], [], [4], [5, 5]], dtype=tf.int64)
+    out = block({"tags": ragged, "item": tf.constant([[1], [2], [3], [4]])})
+    table = block.get_global_weights()["tags"]
+    want = tf.nn.embedding_lookup_sparse(tf.constant(table), ragged.to_sparse(), None,
+                                         combiner=combiner)
+    np.testing.assert_allclose(out["tags"].numpy()[[0, 2, 3]], want.numpy()[[0, 2, 3]],
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(out["tags"].numpy()[1], np.zeros(3))  # empty row -> zeros
+    assert out["item"].shape == (4, 3)
+
+
+def test_registration_and_plan():
+    assert mm.DistributedEmbeddings is DistributedEmbeddings
+    merlin_models_de.register()  # idempotent
+    assert mm.DistributedEmbeddings is DistributedEmbeddings
+    block = DistributedEmbeddings(Schema([cat("a", 9), cat("b", 99)]), dim=4,
+                                  strategy="memory_balanced", backend="horovod")
+    assert block.plan.world_size == 1 and len(block.plan.shards) == 2
+    assert block.summary().startswith("backend=horovod\nShardingPlan: 2 tables")
+
+
+def test_config_round_trip_and_dlrm_save_load(tmp_path, synthetic_schema):
+    ds = synthetic("criteo", 128)
+    schema = ds.schema
+    block = DistributedEmbeddings(schema, dim={"C1": 8}, infer_dim_fn=lambda c: 8,
+                                  embeddings_initializer="truncated_normal", strategy="memory_optimized",
+                                  column_slice_threshold=10_000)
+    config = block.get_config()
+    clone = DistributedEmbeddings.from_config(config)
+    assert clone.get_config() == config and clone.plan == block.plan
+    model = mm.DLRMModel(schema, embeddings=DistributedEmbeddings(schema, dim=8),
+                         bottom_block=mm.MLPBlock([8]), top_block=mm.MLPBlock([8]),
+                         prediction_tasks=mm.BinaryClassificationTask("label"))
+    model.compile(optimizer="adagrad")
+    model.fit(mm.Loader(ds, batch_size=32), epochs=1, verbose=0)
+    before = model.predict(mm.Loader(ds, batch_size=32, shuffle=False), verbose=0)
+    model.save(str(tmp_path / "model"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "model"))
+    after = loaded.predict(mm.Loader(ds, batch_size=32, shuffle=False), verbose=0)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
+
+
+def test_errors_name_the_feature_and_value():
+    schema = Schema([cat("user", 9), cat("tags", 4, multi_hot=True)])
+    block = DistributedEmbeddings(schema, dim=2)
+    ok = {"user": tf.constant([1, 2]), "tags": tf.ragged.constant([[1], [2, 3]], tf.int64)}
+    block(ok)
+    with pytest.raises(ValueError, match=r"Features missing from the batch: \['tags'\]"):
+        block({"user": tf.constant([1, 2])})
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"(?s)An id is outside its table. Received: feature=.*user.*id=.*12.*rows=.*10"):
+        block({**ok, "user": tf.constant([1, 12])})
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)Received: feature=.*tags.*id=.*-1"):
+        block({**ok, "tags": tf.ragged.constant([[1], [-1]], tf.int64)})
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"(?s)Every feature must have the batch size of feature 'user'.*user.*tags.*2, 3"):
+        block({**ok, "tags": tf.ragged.constant([[1], [2], [3]], tf.int64)})
+    with pytest.raises(NotImplementedError, match=r"sequence_combiner=None for feature 'tags'"):
+        DistributedEmbeddings(schema, dim=2, sequence_combiner=None)
+    with pytest.raises(ValueError, match=r"Received: backend='nccl'"):
+        DistributedEmbeddings(schema, dim=2, backend="nccl")
+    with pytest.raises(ValueError, match=r"Received: strategy='greedy'"):
+        DistributedEmbeddings(schema, dim=2, strategy="greedy")
+    with pytest.raises(ValueError, match=r"Table 'user' has shape \(10, 2\). Received: shape=\(3, 2\)"):
+        block.set_global_weights({"user": np.zeros((3, 2)), "tags": np.zeros((5, 2))})
+
+
+def test_validation_off_skips_the_check():
+    block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2, validate_ids=False)
+    block({"user": tf.constant([1])})
+    assert block.get_config()["validate_ids"] is False
