@@ -14,6 +14,9 @@ TARGET = "merlin.models.tf"
 
 
 def _attach(module) -> None:
+    layer = sys.modules.get("merlin_models_de.layer")
+    if layer is not None and not hasattr(layer, "DistributedEmbeddings"):
+        return  # merlin.models.tf was imported by layer.py itself; layer.py registers at its end
     from merlin_models_de.layer import DistributedEmbeddings
 
     if getattr(module, "DistributedEmbeddings", None) is not DistributedEmbeddings:

@@ -13,6 +13,18 @@ from __future__ import annotations
 
 import os
 
+import importlib
+
+
+class _LazyTF:
+    """``tf`` imported on first use, so importing this module never loads TensorFlow."""
+
+    def __getattr__(self, attr):
+        return getattr(importlib.import_module("tensorflow"), attr)
+
+
+tf = _LazyTF()
+
 _LAUNCH_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
@@ -56,20 +68,39 @@ def local_rank() -> int:
 def alltoall(tensor, splits, name=None):
     """Sends ``tensor[rows of split i]`` to rank i; returns (received, received_splits).
 
-    Differentiable: Horovod registers its gradient (the reverse all-to-all).
+    Differentiable: the gradient is the reverse all-to-all. With ``name`` both directions
+    use fixed names (``name`` and ``name + "_grad"``, no name scope): in graph mode Horovod
+    pairs ops across ranks by name, and ranks whose graphs differ (they hold different
+    shards) would otherwise derive different names and wait for each other forever.
     """
     h = hvd()
     if h is None or h.size() == 1:
         return tensor, splits
-    return h.alltoall(tensor, splits=splits, name=name)
+    if name is None:
+        return h.alltoall(tensor, splits=splits)
+    received_splits = []
+
+    @tf.custom_gradient
+    def exchange(x):
+        out, rsplits = h.alltoall(x, splits=splits, name=name, ignore_name_scope=True)
+        received_splits.append(rsplits)
+
+        def grad(dy):
+            back, _ = h.alltoall(dy, splits=rsplits, name=name + "_grad", ignore_name_scope=True)
+            return back
+
+        return out, grad
+
+    out = exchange(tensor)
+    return out, received_splits[0]
 
 
 def allgather(tensor, name=None):
-    """Concatenates every rank's ``tensor`` along axis 0 (rank order)."""
+    """Concatenates every rank's ``tensor`` along axis 0 (rank order). Not differentiated."""
     h = hvd()
     if h is None or h.size() == 1:
         return tensor
-    return h.allgather(tensor, name=name)
+    return h.allgather(tensor, name=name, ignore_name_scope=name is not None)
 
 
 def allreduce(tensor, op="average", name=None):
@@ -108,6 +139,4 @@ def barrier(name="mmde_barrier") -> None:
     """Waits until every rank arrives (Horovod's TF API has no barrier; a tiny allreduce is one)."""
     h = hvd()
     if h is not None and h.size() > 1:
-        import tensorflow as tf
-
         h.allreduce(tf.constant(0, tf.int32), op=h.Sum, name=name)

@@ -17,6 +17,7 @@ from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json
 from merlin.schema import Tags
 
 from merlin_models_de import comm
+from merlin_models_de._register import register
 from merlin_models_de.backends import create, resolve
 from merlin_models_de.backends.lookup import to_ids
 from merlin_models_de.planner import plan as make_plan
@@ -197,3 +198,6 @@ def _serialize(init):
     if hasattr(init, "items"):
         return {k: _serialize(v) for k, v in init.items()}
     return tf.keras.initializers.serialize(tf.keras.initializers.get(init))
+
+
+register()  # attaches mm.DistributedEmbeddings now that both modules are loaded

@@ -38,6 +38,7 @@ class HorovodBackend(EmbeddingBackend):
                     f"yet. Received: sequence_combiner=None for feature '{f.name}'; use 'mean', "
                     f"'sum' or 'sqrtn'.")
         self.plan, self.rank, self.validate_ids = plan, rank, validate_ids
+        self.prefix = "mmde"
         self.routing = Routing.build(plan, features)
         self.features = self.routing.features
         self.groups: list = []  # this rank's concatenated model-parallel variables, by width
@@ -50,6 +51,7 @@ class HorovodBackend(EmbeddingBackend):
         """Creates this rank's variables (idempotent)."""
         if self.groups or self.dp or self.rw:
             return
+        self.prefix = f"mmde_{layer.name}"
         mine = self.plan.shards_on(self.rank)
         for width in self.routing.groups[self.rank]:
             shards = [s for s in mine if s.kind in MODEL_PARALLEL and s.cols == width]
@@ -72,6 +74,10 @@ class HorovodBackend(EmbeddingBackend):
 
     def local_variables(self) -> list:
         return list(self.groups) + list(self.rw.values())
+
+    def _name(self, stage: str) -> str:
+        """Collective names: the same on every rank, unique per layer and stage."""
+        return f"{self.prefix}_{stage}".replace("/", "_")
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -115,7 +121,8 @@ class HorovodBackend(EmbeddingBackend):
             value_splits.append(sum(tf.size(v, out_type=tf.int64) for v in vals)
                                 if vals else tf.constant(0, tf.int64))
         splits = tf.stack([tf.size(s, out_type=tf.int32) for s in segments])
-        received, received_splits = comm.alltoall(tf.concat(segments, 0), splits)
+        received, received_splits = comm.alltoall(tf.concat(segments, 0), splits,
+                                                  name=self._name("ids"))
         checked = check_headers(received, received_splits, batch, self.rank, n, deferred)
         with tf.control_dependencies(checked):
             mine = r.served[self.rank]
@@ -123,7 +130,8 @@ class HorovodBackend(EmbeddingBackend):
             body = tf.reshape(received, [n, 2 + batch * (n_oh + n_mh)])[:, 2:]
             body = tf.reshape(body, [n, n_oh + n_mh, batch])
             per_lookup = [(tf.reshape(body[:, k, :], [-1]), None) for k in range(n_oh)]
-            if n_mh:
+            # every rank joins the values exchange when any rank serves a multi-hot lookup
+            if any(r.counts(j)[1] for j in range(n)):
                 per_lookup += self._multi_hot_exchange(values, value_splits, body[:, n_oh:, :],
                                                        batch, n_mh)
         return dict(zip(range(len(mine)), per_lookup)), checked
@@ -132,7 +140,8 @@ class HorovodBackend(EmbeddingBackend):
         """Stage 1b: the ids of multi-hot lookups; ``lengths`` is ``[N, n_mh, B]``."""
         n = self.routing.world_size
         sent = tf.concat(values, 0) if values else tf.zeros([0], tf.int64)
-        received, _ = comm.alltoall(sent, tf.cast(tf.stack(value_splits), tf.int32))
+        received, _ = comm.alltoall(sent, tf.cast(tf.stack(value_splits), tf.int32),
+                                    name=self._name("values"))
         rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(lengths, [-1]))
         out = []
         for m in range(n_mh):
@@ -177,7 +186,7 @@ class HorovodBackend(EmbeddingBackend):
         else:
             flat = tf.zeros([0], self.groups[0].dtype if self.groups else tf.float32)
         splits = tf.fill([n], tf.cast(batch, tf.int32) * w)
-        received, _ = comm.alltoall(flat, splits)
+        received, _ = comm.alltoall(flat, splits, name=self._name("vectors"))
         chunks = tf.split(received, [tf.cast(batch, tf.int32) * wj for wj in widths])
         out = []
         for j, chunk in enumerate(chunks):
@@ -190,11 +199,14 @@ class HorovodBackend(EmbeddingBackend):
         var = self.rw[feature.table]
         shard = next(s for s in self.plan.shards_on(self.rank) if s.table == feature.table)
         ids, lengths = value
-        all_ids = comm.allgather(ids)
-        all_lengths = comm.allgather(lengths) if lengths is not None else None
+        tag = f"rw_{feature.name}"
+        all_ids = comm.allgather(ids, name=self._name(tag + "_ids"))
+        all_lengths = (comm.allgather(lengths, name=self._name(tag + "_lengths"))
+                       if lengths is not None else None)
         partial = pooled_lookup(var, all_ids, row_lengths=all_lengths, combiner=feature.combiner,
                                 row_range=(shard.row_start, shard.rows))
-        received, _ = comm.alltoall(partial, tf.fill([n], tf.cast(batch, tf.int32)))
+        received, _ = comm.alltoall(partial, tf.fill([n], tf.cast(batch, tf.int32)),
+                                    name=self._name(tag + "_vectors"))
         return tf.reduce_sum(tf.reshape(received, [n, -1, var.shape[1]]), axis=0)
 
     # ---- whole tables -------------------------------------------------------------------------

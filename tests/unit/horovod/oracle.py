@@ -1,0 +1,140 @@
+"""The correctness oracle of DESIGN.md: N ranks with batch B == one process with batch N*B.
+
+The reference here never touches Horovod: full tables as plain variables, TF's own lookups
+(tf.gather, tf.nn.embedding_lookup_sparse), the global batch, a mean loss.
+"""
+import numpy as np
+import tensorflow as tf
+from merlin.schema import Schema
+
+from merlin_models_de import comm
+from tests.unit.helpers import cat
+
+OPTIMIZERS = {
+    "sgd": lambda: tf.keras.optimizers.legacy.SGD(0.5),
+    "adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.3),
+    "adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
+}
+
+
+def mixed_schema():
+    """One-hot tables of several sizes and widths, multi-hot features, a shared table."""
+    return Schema([
+        cat("user", 1999), cat("item", 999), cat("city", 49), cat("device", 6),
+        cat("tags", 299, multi_hot=True),
+        cat("genres", 79, domain_name="genre", multi_hot=True),
+        cat("fav_genre", 79, domain_name="genre"),
+        cat("hist", 599, multi_hot=True),
+    ])
+
+
+DIMS = {"user": 8, "item": 8, "city": 8, "device": 6, "tags": 8, "genre": 8, "hist": 6}
+COMBINERS = {"tags": "mean", "genres": "sum", "hist": "sqrtn"}
+
+
+def global_batch(features, tables, size, seed):
+    """Random ids for ``size`` samples: arrays for one-hot, (values, lengths) for multi-hot."""
+    rng = np.random.default_rng(seed)
+    rows = {t.name: t.rows for t in tables}
+    batch = {}
+    for f in features:
+        if f.multi_hot:
+            lengths = rng.integers(0, 5, size)
+            batch[f.name] = (rng.integers(0, rows[f.table], lengths.sum()), lengths)
+        else:
+            batch[f.name] = rng.integers(0, rows[f.table], size)
+    return batch
+
+
+def select(batch, lo, hi):
+    """Samples [lo, hi) of a global batch as model inputs (ragged for multi-hot)."""
+    out = {}
+    for name, value in batch.items():
+        if isinstance(value, tuple):
+            values, lengths = value
+            starts = np.concatenate([[0], np.cumsum(lengths)])
+            out[name] = tf.RaggedTensor.from_row_lengths(
+                tf.constant(values[starts[lo]:starts[hi]], tf.int64), lengths[lo:hi])
+        else:
+            out[name] = tf.constant(value[lo:hi, None], tf.int64)  # [B, 1] as Merlin feeds
+    return out
+
+
+def global_tables(tables, seed):
+    rng = np.random.default_rng(seed)
+    return {t.name: rng.normal(0, 0.5, (t.rows, t.dim)).astype(np.float32) for t in tables}
+
+
+def reference_forward(variables, features, inputs):
+    out = {}
+    for f in features:
+        value = inputs[f.name]
+        if f.multi_hot:
+            out[f.name] = tf.nn.embedding_lookup_sparse(
+                variables[f.table], value.to_sparse(), None, combiner=f.combiner)
+            # TF drops trailing empty rows; pad back to the batch
+            missing = value.nrows() - tf.shape(out[f.name], out_type=tf.int64)[0]
+            out[f.name] = tf.pad(out[f.name], [[0, missing], [0, 0]])
+        else:
+            out[f.name] = tf.gather(variables[f.table], tf.squeeze(value, -1))
+    return out
+
+
+def loss_fn(outputs, features, probes, targets):
+    """Mean over samples of sum over features of (out . probe - target)^2."""
+    per_sample = 0.0
+    for f in features:
+        per_sample += (tf.reduce_sum(outputs[f.name] * probes[f.name], axis=1) - targets) ** 2
+    return tf.reduce_mean(per_sample)
+
+
+def make_probes(features, tables, seed):
+    rng = np.random.default_rng(seed)
+    dims = {t.name: t.dim for t in tables}
+    return {f.name: tf.constant(rng.normal(size=dims[f.table]), tf.float32) for f in features}
+
+
+def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targets):
+    """One process, global batch: returns (first outputs, per-step losses, final tables)."""
+    variables = {name: tf.Variable(a) for name, a in arrays.items()}
+    inputs = select(batch, 0, n_total)
+    first = {k: v.numpy() for k, v in reference_forward(variables, block.features, inputs).items()}
+    opt, losses = OPTIMIZERS[optimizer](), []
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(reference_forward(variables, block.features, inputs), block.features,
+                           probes, tf.constant(targets, tf.float32))
+        grads = tape.gradient(loss, list(variables.values()))
+        opt.apply_gradients(zip(grads, variables.values()))
+        losses.append(float(loss))
+    return first, losses, {k: v.numpy() for k, v in variables.items()}
+
+
+def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, targets,
+                    graph=False):
+    """This rank's share of the batch through ``block``: (first outputs, losses, tables).
+
+    With ``graph`` the training step runs as a ``tf.function`` (as Keras fit does).
+    """
+    from merlin_models_de.training import DistributedGradientTape
+
+    r = comm.rank()
+    inputs = select(batch, r * per_rank, (r + 1) * per_rank)
+    local_targets = tf.constant(targets[r * per_rank:(r + 1) * per_rank], tf.float32)
+    block(inputs)
+    block.set_global_weights(arrays)
+    first = {k: v.numpy() for k, v in block(inputs).items()}
+    opt, losses = OPTIMIZERS[optimizer](), []
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(block(x, training=True), block.features, probes, local_targets)
+        tape = DistributedGradientTape(tape, block)
+        grads = tape.gradient(loss, block.trainable_variables)
+        opt.apply_gradients(zip(grads, block.trainable_variables))
+        return loss
+
+    step = tf.function(step) if graph else step
+    for _ in range(steps):
+        losses.append(float(comm.allreduce(step(inputs))))
+    return first, losses, block.get_global_weights()
