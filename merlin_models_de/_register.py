@@ -1,4 +1,6 @@
-"""Makes ``merlin.models.tf.DistributedEmbeddings`` this package's block, without importing
+"""Makes ``merlin.models.tf.DistributedEmbeddings`` this package's block and installs the
+Merlin training integration (:mod:`merlin_models_de.integration`, inert for models without
+the block), without importing
 Merlin Models (whose import calls ``hvd.init()`` when Horovod is installed) or TensorFlow.
 
 If ``merlin.models.tf`` is already imported, the attribute is set now; otherwise a small
@@ -17,10 +19,12 @@ def _attach(module) -> None:
     layer = sys.modules.get("merlin_models_de.layer")
     if layer is not None and not hasattr(layer, "DistributedEmbeddings"):
         return  # merlin.models.tf was imported by layer.py itself; layer.py registers at its end
+    from merlin_models_de.integration import install
     from merlin_models_de.layer import DistributedEmbeddings
 
     if getattr(module, "DistributedEmbeddings", None) is not DistributedEmbeddings:
         module.DistributedEmbeddings = DistributedEmbeddings
+    install()
 
 
 class _Loader(importlib.abc.Loader):

@@ -28,12 +28,37 @@ tf = _LazyTF()
 _LAUNCH_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
+_SINGLE = []  # non-empty while single_process() is active
+
+
+class single_process:  # pylint: disable=invalid-name
+    """Context manager: inside it this process acts as world size 1 (no collectives).
+
+    Used to build a plain single-process copy of a model, e.g. to export it for serving.
+
+    Example:
+        >>> with single_process():
+        ...     size()
+        1
+    """
+
+    def __enter__(self):
+        _SINGLE.append(True)
+        return self
+
+    def __exit__(self, *exc):
+        _SINGLE.pop()
+        return False
+
+
 def _launched_by_horovod() -> bool:
     return any(v in os.environ for v in _LAUNCH_VARS)
 
 
 def hvd():
     """The ``horovod.tensorflow`` module, initialized; None in a plain single process."""
+    if _SINGLE:
+        return None
     if not _launched_by_horovod():
         try:
             import horovod.tensorflow as h  # noqa: F401

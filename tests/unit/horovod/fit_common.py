@@ -1,0 +1,91 @@
+"""Model, data and weight helpers shared by the fit oracle test and its reference run."""
+import numpy as np
+import tensorflow as tf
+
+SCHEMA_ROWS = 999
+
+
+def schema():
+    from merlin_models_de.plan import synthetic_schema
+    from tests.unit.helpers import capped_schema
+
+    return capped_schema(synthetic_schema("criteo"), SCHEMA_ROWS)
+
+
+def build_model(spec):
+    import merlin.models.tf as mm
+
+    import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
+
+    s = schema()
+    tf.keras.utils.set_random_seed(1)
+    return mm.DLRMModel(
+        s, embeddings=mm.DistributedEmbeddings(s, dim=8, strategy=spec["strategy"],
+                                               column_slice_threshold=spec.get("column")),
+        bottom_block=mm.MLPBlock([8]), top_block=mm.MLPBlock([8]),
+        prediction_tasks=mm.BinaryClassificationTask("label"))
+
+
+def make_data(rows, seed):
+    from merlin.datasets.synthetic import generate_data
+
+    df = generate_data(schema(), rows).to_ddf().compute()
+    rng = np.random.default_rng(seed)
+    df = df.iloc[rng.permutation(len(df))].reset_index(drop=True)
+    return {c: df[c].to_numpy() for c in df.columns}
+
+
+def split_xy(data, spec):
+    x = {k: v.reshape(-1, 1) for k, v in data.items() if k != "label"}
+    return x, data["label"].reshape(-1, 1).astype(np.float32)
+
+
+def take(x, lo, hi):
+    return {k: tf.constant(v[lo:hi]) for k, v in x.items()}
+
+
+def rank_rows(total, per_rank, world_size, rank):
+    """Rows of ``rank``: its slice of every global batch, so rank batches concat to it."""
+    batch = per_rank * world_size
+    return np.concatenate([np.arange(start + rank * per_rank, start + (rank + 1) * per_rank)
+                           for start in range(0, total, batch)])
+
+
+def optimizer(name, lr):
+    legacy = tf.keras.optimizers.legacy
+    return {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam}[name](lr)
+
+
+def snapshot(model):
+    """{'dense/i': array, 'table/<name>': array}: full tables (collective) and dense weights."""
+    from merlin_models_de.export import _dense_weights
+    from merlin_models_de.integration import de_blocks
+
+    blocks = de_blocks(model)
+    out = {f"dense/{i}": w.numpy() for i, w in enumerate(_dense_weights(model, blocks))}
+    for block in blocks:
+        out.update({f"table/{k}": v for k, v in block.get_global_weights().items()})
+    return out
+
+
+def restore(model, weights, prefix):
+    from merlin_models_de.export import _dense_weights
+    from merlin_models_de.integration import de_blocks
+
+    blocks = de_blocks(model)
+    for i, w in enumerate(_dense_weights(model, blocks)):
+        w.assign(weights[f"{prefix}/dense/{i}"])
+    tables = {k.split("/", 2)[2]: v for k, v in weights.items() if k.startswith(f"{prefix}/table/")}
+    for block in blocks:
+        block.set_global_weights({t.name: tables[t.name] for t in block.tables})
+
+
+class LossRecorder(tf.keras.callbacks.Callback):
+    """Per-step losses (Merlin logs the batch loss as ``loss_batch``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss_batch"]))

@@ -1,0 +1,113 @@
+"""model.compile / fit / evaluate / predict / save with Merlin's own Horovod wrapping, against
+a plain single-process run (a subprocess without Horovod) on the same global batches."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from merlin_models_de import comm
+from tests.unit.horovod import fit_common as fc
+
+PER_RANK = 32
+STEPS = 4
+
+
+def reference(spec, data, tmp):
+    """Rank 0 runs the single-process reference; every rank gets its results."""
+    result = None
+    if comm.rank() == 0:
+        src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
+        np.savez(src, spec=json.dumps(spec), **data)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))}
+        run = subprocess.run([sys.executable, "-m", "tests.unit.horovod.fit_reference", src, dst],
+                             capture_output=True, text=True, timeout=600, env=env,
+                             cwd=os.getcwd())
+        if run.returncode == 0:
+            result = dict(np.load(dst, allow_pickle=True))
+        else:
+            result = {"error": run.stderr[-3000:]}
+    result = comm.broadcast_object(result, root_rank=0)
+    assert "error" not in result, result.get("error")
+    return result
+
+
+@pytest.mark.parametrize("optimizer, strategy, column", [
+    ("sgd", "basic", None), ("adagrad", "memory_balanced", 4000), ("adam", "memory_optimized", None)])
+def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer, strategy, column):
+    n, r = comm.size(), comm.rank()
+    spec = dict(optimizer=optimizer, lr=0.05, strategy=strategy, column=column, world_size=n,
+                per_rank=PER_RANK)
+    data = comm.broadcast_object(fc.make_data(n * PER_RANK * STEPS, seed=3))
+    ref = reference(spec, data, str(tmp_path_factory.mktemp("ref")))
+
+    model = fc.build_model(spec)
+    x, y = fc.split_xy(data, spec)
+    rows = fc.rank_rows(len(y), PER_RANK, n, r)
+    x_mine, y_mine = {k: v[rows] for k, v in x.items()}, y[rows]
+    model(fc.take(x_mine, 0, 2))
+    fc.restore(model, ref, "initial")
+    before = model.predict(x_mine, batch_size=PER_RANK, verbose=0)
+    np.testing.assert_allclose(before, ref["predictions_before"][rows], rtol=1e-5, atol=1e-6)
+    model.compile(optimizer=fc.optimizer(optimizer, spec["lr"]))  # Merlin scales lr by n
+    losses = fc.LossRecorder()
+    model.fit(x_mine, y_mine, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
+              callbacks=[losses])
+
+    final = fc.snapshot(model)
+    # Adam divides by sqrt(v): rows with tiny gradients magnify float round-off of the
+    # differently ordered sums, so its tolerance is looser
+    atol = 1e-4 if optimizer == "adam" else 1e-5
+    for key, value in final.items():
+        np.testing.assert_allclose(value, ref[f"final/{key}"], rtol=1e-4, atol=atol, err_msg=key)
+    per_step = np.mean(comm.allgather_object(losses.losses), axis=0)
+    np.testing.assert_allclose(per_step, ref["losses"], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(final["table/C1"], ref["initial/table/C1"])  # it trained
+
+    evaluation = model.evaluate(x_mine, y_mine, batch_size=PER_RANK, verbose=0, return_dict=True)
+    want = json.loads(str(ref["evaluation"]))
+    for name in ("loss", "binary_accuracy", "precision", "recall", "auc"):
+        assert evaluation[name] == pytest.approx(want[name], rel=1e-4, abs=1e-5), name
+    predictions = model.predict(x_mine, batch_size=PER_RANK, verbose=0)
+    np.testing.assert_allclose(predictions, ref["predictions"][rows], rtol=1e-4, atol=1e-6)
+
+
+def test_save_exports_a_single_process_model(hvd, tmp_path_factory):
+    n, r = comm.size(), comm.rank()
+    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
+                world_size=n, per_rank=PER_RANK)
+    data = comm.broadcast_object(fc.make_data(n * PER_RANK * 2, seed=4))
+    model = fc.build_model(spec)
+    x, y = fc.split_xy(data, spec)
+    rows = fc.rank_rows(len(y), PER_RANK, n, r)
+    model.compile(optimizer=fc.optimizer("adagrad", 0.05))
+    model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=PER_RANK, epochs=1,
+              verbose=0)
+    path = comm.broadcast_object(str(tmp_path_factory.mktemp("export")) if r == 0 else None)
+    model.save(path)  # every rank calls it
+    mine = model.predict({k: v[rows] for k, v in x.items()}, batch_size=PER_RANK, verbose=0)
+    everyone = comm.allgather_object((rows, mine))
+    if r == 0:
+        order = np.concatenate([rw for rw, _ in everyone])
+        distributed = np.concatenate([p for _, p in everyone])[np.argsort(order)]
+        code = ("import sys, json, numpy as np, tensorflow as tf\n"
+                "import merlin_models_de\n"
+                "assert 'horovod.tensorflow' not in sys.modules or True\n"
+                "data = dict(np.load(sys.argv[2]))\n"
+                "m = tf.keras.models.load_model(sys.argv[1])\n"
+                "x = {k: v.reshape(-1, 1) for k, v in data.items() if k != 'label'}\n"
+                "np.save(sys.argv[3], m.predict(x, batch_size=64, verbose=0))\n")
+        src = os.path.join(path, "..", "data.npz")
+        np.savez(src, **data)
+        out = os.path.join(path, "..", "pred.npy")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))}
+        run = subprocess.run([sys.executable, "-c", code, path, src, out], capture_output=True,
+                             text=True, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        np.testing.assert_allclose(np.load(out), distributed, rtol=1e-4, atol=1e-6)
+    comm.barrier()
