@@ -1,0 +1,38 @@
+"""Job for the fault test (run under horovodrun): trains with checkpoints every 2 steps;
+rank 1 kills itself with SIGKILL at step 5, mid-epoch."""
+import os
+import signal
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.getcwd())
+
+from merlin_models_de import comm  # noqa: E402
+from merlin_models_de.checkpoint import CheckpointCallback  # noqa: E402
+from tests.unit.horovod import fit_common as fc  # noqa: E402
+
+
+class Die(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if comm.rank() == 1 and int(self.model.optimizer.iterations.numpy()) == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(directory):
+    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=None,
+                world_size=comm.size(), per_rank=8)
+    data = comm.broadcast_object(fc.make_data(comm.size() * 8 * 10, seed=9))
+    x, y = fc.split_xy(data, spec)
+    rows = fc.rank_rows(len(y), 8, comm.size(), comm.rank())
+    model = fc.build_model(spec)
+    model.compile(optimizer=fc.optimizer("adagrad", 0.05))
+    model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=8, epochs=1,
+              shuffle=False, verbose=0,
+              callbacks=[CheckpointCallback(directory, every_n_steps=2, each_epoch=False), Die()])
+    np.save(os.path.join(directory, "finished.npy"), np.array([1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
