@@ -135,3 +135,20 @@ def test_validation_off_skips_the_check():
     block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2, validate_ids=False)
     block({"user": tf.constant([1])})
     assert block.get_config()["validate_ids"] is False
+
+
+@pytest.mark.parametrize("kind", ["dcn", "hand-built"])
+def test_goes_where_mm_embeddings_goes(kind):
+    ds = synthetic("music-streaming", 128)
+    schema = ds.schema
+    inputs = mm.InputBlockV2(schema, categorical=mm.DistributedEmbeddings(schema, dim=8))
+    if kind == "dcn":
+        model = mm.DCNModel(schema, depth=1, deep_block=mm.MLPBlock([8]), input_block=inputs,
+                            prediction_tasks=mm.BinaryClassificationTask("click"))
+    else:
+        model = mm.Model(inputs, mm.MLPBlock([8]), mm.BinaryClassificationTask("click"))
+    model.compile(optimizer="adagrad")
+    history = model.fit(mm.Loader(ds, batch_size=32), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    block = [layer for layer in model._flatten_layers() if isinstance(layer, DistributedEmbeddings)]
+    assert len(block) == 1 and block[0].built
