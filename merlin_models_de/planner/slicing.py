@@ -48,10 +48,12 @@ def column_slice_widths(rows: int, dim: int, threshold: int | None, world_size: 
     The smallest power-of-two number of slices that brings each under ``threshold`` elements,
     capped at ``min(world_size, dim)``; the first ``dim % n`` slices are one column wider.
     """
-    n, size = 1, rows * dim
-    while threshold is not None and size > threshold:
+    n, size, cap = 1, rows * dim, max(1, min(world_size, dim))
+    # stop at the cap: more halving cannot change the result, and a threshold below one
+    # element (auto threshold of a 1x1 table) would otherwise never end
+    while threshold is not None and size > threshold and n < cap:
         n, size = n * 2, size / 2
-    n = max(1, min(n, world_size, dim))
+    n = min(n, cap)
     base, extra = divmod(dim, n)
     return [base + (1 if i < extra else 0) for i in range(n)]
 

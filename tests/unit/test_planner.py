@@ -65,6 +65,14 @@ def test_fewer_tables_than_ranks_are_sliced_automatically():
         ("t0", 0, 0, 2), ("t0", 1, 2, 2), ("t0", 2, 4, 2), ("t0", 3, 6, 2), ("t1", 0, 0, 8)]
 
 
+def test_tiny_tables_with_many_ranks_terminate():
+    # found by hypothesis: the automatic threshold of a 1x1 table is 0 elements
+    p = plan(specs((1, 1)), 9, "basic")
+    assert [(s.rank, s.cols) for s in p.shards] == [(0, 1)]
+    p = plan(specs((1, 1), (1, 3)), 8, "memory_optimized")
+    assert sorted(s.cols for s in p.shards) == [1, 1, 1, 1]
+
+
 def test_slices_of_one_table_on_one_rank_merge():
     p = plan(specs((100, 8)), 2, "basic", column_slice_threshold=100)
     assert [(s.rank, s.col_start, s.cols) for s in p.shards] == [(0, 0, 4), (1, 4, 4)]
