@@ -72,7 +72,7 @@ class DistributedEmbeddings(Block):
         self.features = tuple(feature_order(self.tables))
         names = {f.name for f in self.features}
         self.set_schema(schema.select_by_name([c for c in schema.column_names if c in names]))
-        self.dim, self.sequence_combiner = dim, sequence_combiner
+        self.sequence_combiner = sequence_combiner
         self.embeddings_initializer = embeddings_initializer
         self.embeddings_regularizer = tf.keras.regularizers.get(embeddings_regularizer)
         self.options = dict(strategy=strategy, column_slice_threshold=column_slice_threshold,

@@ -40,6 +40,7 @@ class HorovodBackend(EmbeddingBackend):
         self.plan, self.rank, self.validate_ids = plan, rank, validate_ids
         self.prefix = "mmde"
         self.routing = Routing.build(plan, features)
+        self.tables = {t.name: t for t in plan.tables}
         self.features = self.routing.features
         self.groups: list = []  # this rank's concatenated model-parallel variables, by width
         self.dp: dict = {}  # table -> replicated variable
@@ -84,8 +85,7 @@ class HorovodBackend(EmbeddingBackend):
     def call(self, inputs: list, training: bool = False) -> list:
         r, n = self.routing, self.routing.world_size
         batch = _batch_size(inputs)
-        tables = {t.name: t for t in self.plan.tables}
-        problems, deferred = (local_problems(inputs, self.features, tables, batch)
+        problems, deferred = (local_problems(inputs, self.features, self.tables, batch)
                               if self.validate_ids else (tf.constant(0, tf.int64), []))
         ids_by_lookup, checked = self._input_exchange(inputs, batch, problems, deferred)
         with tf.control_dependencies(checked):
@@ -221,11 +221,11 @@ class HorovodBackend(EmbeddingBackend):
         return self.groups[st.group], st.offset
 
     def get_table(self, name, chunk_bytes):
-        table = self.plan.table(name)
-        out = np.zeros((table.rows, table.dim), np.float32)
         shards = self.plan.shards_of(name)
         if shards[0].kind is ShardingType.DATA_PARALLEL:
-            return self.dp[name].numpy()
+            return self.dp[name].numpy()  # every rank has the whole table
+        table = self.plan.table(name)
+        out = np.zeros((table.rows, table.dim), np.float32)
         for s in shards:
             for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
                 if s.rank == self.rank:
