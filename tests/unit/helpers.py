@@ -15,17 +15,9 @@ def cat(name, max_id, *, domain_name=None, multi_hot=False, tags=()):
 
 def capped_schema(schema, max_id=999):
     """``schema`` with every categorical cardinality capped at ``max_id + 1`` (fast tests)."""
-    from merlin.schema import Schema, Tags
+    from merlin_models_de.synthetic import capped_schema as cap
 
-    cols = []
-    for col in schema:
-        if Tags.CATEGORICAL in col.tags and col.int_domain is not None:
-            domain = {"min": 0, "max": min(int(col.int_domain.max), max_id)}
-            if col.int_domain.name:
-                domain["name"] = col.int_domain.name
-            col = col.with_properties({**col.properties, "domain": domain})
-        cols.append(col)
-    return Schema(cols)
+    return cap(schema, max_id + 1)
 
 
 def synthetic(name, rows, max_id=999):

@@ -1,0 +1,98 @@
+"""Per-epoch numbers of a DLRM run: speed, loss, validation metrics, per-rank memory."""
+from __future__ import annotations
+
+import resource
+import time
+
+import tensorflow as tf
+
+from merlin_models_de import comm
+from merlin_models_de.tables import human_bytes
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def embedding_bytes(block) -> int:
+    """Bytes of the embedding variables this rank holds (shards and replicated tables)."""
+    return sum(v.shape.num_elements() * v.dtype.size for v in block.weights)
+
+
+class EpochReport(tf.keras.callbacks.Callback):
+    """Times epochs (training steps only, validation apart) and gathers every rank's memory.
+
+    Collective at each epoch end (every rank must use it). Rank 0 prints one line per epoch.
+    """
+
+    def __init__(self, args, block, steps: int, threads: int, started: float):
+        super().__init__()
+        self.args, self.block, self.steps, self.threads = args, block, steps, threads
+        self.started, self.first_step, self.epochs = started, None, []
+        self.global_batch = args.batch_size * comm.size()
+        self._t0 = self._last = None
+
+    def placement(self) -> str:
+        """The block's placement summary (or what data parallel means for mm.Embeddings)."""
+        if hasattr(self.block, "summary") and hasattr(self.block, "plan"):
+            return self.block.summary(optimizer=self.args.optimizer)
+        return (f"mm.Embeddings, data parallel: each of {comm.size()} ranks holds every table "
+                f"({human_bytes(embedding_bytes(self.block))})")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last = time.perf_counter()
+        if self.first_step is None:
+            self.first_step = self._last - self.started
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        seconds = self._last - self._t0
+        mine = {"embedding_bytes": embedding_bytes(self.block), "peak_rss_bytes": peak_rss_bytes(),
+                "loss": float(logs.get("loss", float("nan")))}
+        ranks = comm.allgather_object(mine, name=f"mmde_report_epoch{epoch}")
+        entry = {"epoch": epoch + 1, "train_seconds": seconds,
+                 "samples_per_second": self.steps * self.global_batch / seconds,
+                 "loss": sum(r["loss"] for r in ranks) / len(ranks),
+                 "val_auc": _get(logs, "val_auc"), "val_logloss": _get(logs, "val_logloss"),
+                 "embedding_bytes": [r["embedding_bytes"] for r in ranks],
+                 "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks]}
+        self.epochs.append(entry)
+        if comm.rank() == 0:
+            print(_line(entry), flush=True)
+
+    def finish(self) -> dict:
+        """The run report (JSON-ready)."""
+        warm = self.epochs[1:]
+        warm_sps = (sum(self.steps * self.global_batch for _ in warm)
+                    / sum(e["train_seconds"] for e in warm)) if warm else None
+        plan = getattr(self.block, "plan", None)
+        return {"command": "merlin_models_de.dlrm", "options": vars(self.args),
+                "world_size": comm.size(), "cpu_threads": self.threads,
+                "backend": getattr(self.block, "backend_name", "mm.Embeddings"),
+                "steps_per_epoch": self.steps, "global_batch": self.global_batch,
+                "time_to_first_step": self.first_step,
+                "first_epoch_samples_per_second":
+                    self.epochs[0]["samples_per_second"] if self.epochs else None,
+                "warm_samples_per_second": warm_sps,
+                "total_embedding_bytes": sum(t.rows * t.dim * 4 for t in self.block.tables)
+                if plan is not None else embedding_bytes(self.block),
+                "epochs": self.epochs, "plan": plan.to_dict() if plan is not None else None}
+
+
+def _get(logs, key):
+    value = logs.get(key)
+    return None if value is None else float(value)
+
+
+def _line(e) -> str:
+    mem = " ".join(f"r{i}={human_bytes(b)}/{human_bytes(r)}"
+                   for i, (b, r) in enumerate(zip(e["embedding_bytes"], e["peak_rss_bytes"])))
+    val = "" if e["val_auc"] is None else \
+        f" val_auc={e['val_auc']:.4f} val_logloss={e['val_logloss']:.4f}"
+    return (f"epoch {e['epoch']}: {e['samples_per_second']:,.0f} samples/s "
+            f"({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "
+            f"embeddings/peak RSS per rank: {mem}")
