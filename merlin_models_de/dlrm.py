@@ -10,7 +10,7 @@ checkpoint directory). With ``--checkpoint-dir`` holding a checkpoint, training 
 
 Examples:
     horovodrun -np 2 -H localhost:2 python -m merlin_models_de.dlrm --rows 200000 --epochs 2
-    horovodrun -np 8 -H a:4,b:4 mmde-dlrm --train-dir /data/train --valid-dir /data/valid \\
+    horovodrun -np 8 -H a:4,b:4 merlin-models-de-dlrm --train-dir /data/train --valid-dir /data/valid \\
         --strategy memory_optimized --column-slice-threshold 16777216 --optimizer adagrad
 
 Options are checked before TensorFlow loads; a bad one exits with status 2 and one line.
@@ -41,9 +41,18 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad options: one line on stderr (rank 0 only under horovodrun), exit status 2."""
+
+    def error(self, message):
+        if world()[1] == 0:
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
 def parser() -> argparse.ArgumentParser:
-    """The command's options (shared with the benchmark harness)."""
-    ap = argparse.ArgumentParser(prog="python -m merlin_models_de.dlrm", description=__doc__,
+    """The command's options."""
+    ap = _OneLineParser(prog="python -m merlin_models_de.dlrm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     data = ap.add_argument_group("data")
     data.add_argument("--rows", type=int, default=100_000, help="synthetic training rows")
@@ -126,7 +135,7 @@ def check(args) -> str | None:
 
 
 def main(argv=None) -> int:
-    """Entry point (console script ``mmde-dlrm``); returns the exit code."""
+    """Entry point (console script ``merlin-models-de-dlrm``); returns the exit code."""
     args = parser().parse_args(argv)
     problem = check(args)
     if problem:

@@ -26,8 +26,9 @@ class EpochReport(tf.keras.callbacks.Callback):
     Collective at each epoch end (every rank must use it). Rank 0 prints one line per epoch.
     """
 
-    def __init__(self, args, block, steps: int, threads: int, started: float):
+    def __init__(self, args, block, steps: int, threads: int, started: float, phases=None):
         super().__init__()
+        self.phases = dict(phases or {})  # seconds since start at which each phase ended
         self.args, self.block, self.steps, self.threads = args, block, steps, threads
         self.started, self.first_step, self.epochs = started, None, []
         self.global_batch = args.batch_size * comm.size()
@@ -40,13 +41,19 @@ class EpochReport(tf.keras.callbacks.Callback):
         return (f"mm.Embeddings, data parallel: each of {comm.size()} ranks holds every table "
                 f"({human_bytes(embedding_bytes(self.block))})")
 
+    def on_train_begin(self, logs=None):
+        self.phases.setdefault("fit_started", time.perf_counter() - self.started)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.phases.setdefault("first_step_started", time.perf_counter() - self.started)
+
     def on_epoch_begin(self, epoch, logs=None):
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         self._last = time.perf_counter()
         if self.first_step is None:
-            self.first_step = self._last - self.started
+            self.first_step = self.phases["first_step"] = self._last - self.started
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -74,7 +81,7 @@ class EpochReport(tf.keras.callbacks.Callback):
                 "world_size": comm.size(), "cpu_threads": self.threads,
                 "backend": getattr(self.block, "backend_name", "mm.Embeddings"),
                 "steps_per_epoch": self.steps, "global_batch": self.global_batch,
-                "time_to_first_step": self.first_step,
+                "time_to_first_step": self.first_step, "phases": self.phases,
                 "first_epoch_samples_per_second":
                     self.epochs[0]["samples_per_second"] if self.epochs else None,
                 "warm_samples_per_second": warm_sps,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import tensorflow as tf
 
@@ -13,8 +14,11 @@ def configure_threads(cpu_threads: int | None) -> int:
     """TF threads per rank: the host's cores shared among its ranks (oversubscribed TF pools on
     a shared host cost more than the lost parallelism)."""
     threads = cpu_threads or max(1, (os.cpu_count() or 1) // world()[2])
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:  # TF already running in this process (run() called from Python)
+        return tf.config.threading.get_intra_op_parallelism_threads()
     return threads
 
 
@@ -105,12 +109,15 @@ def run(args, started: float) -> dict:
     from merlin_models_de.dlrm_report import EpochReport
     from merlin_models_de.export import sample_batch
 
+    phases = {"imports": time.perf_counter() - started}
     size, rank = comm.size(), comm.rank()
     schema, train, valid = _datasets(args, size, rank)
+    phases["data"] = time.perf_counter() - started
     steps = _equal_steps(train, "train")
     valid_steps = _equal_steps(valid, "valid") if valid is not None else None
     model, emb = _model(args, schema)
     model(sample_batch(schema))
+    phases["model_built"] = time.perf_counter() - started
     model.compile(optimizer=_optimizer(args),
                   metrics=[tf.keras.metrics.AUC(name="auc"),
                            tf.keras.metrics.BinaryCrossentropy(name="logloss")])
@@ -121,7 +128,7 @@ def run(args, started: float) -> dict:
         if rank == 0:
             print(f"Resumed from {latest_checkpoint(args.checkpoint_dir)} (step "
                   f"{manifest['step']}, epoch {initial_epoch})")
-    reporter = EpochReport(args, emb, steps, threads, started)
+    reporter = EpochReport(args, emb, steps, threads, started, phases)
     if rank == 0:
         print(reporter.placement())
     callbacks = [reporter]

@@ -106,6 +106,9 @@ class DistributedEmbeddings(Block):
                 self.add_loss(lambda v=var: self.embeddings_regularizer(v))
         return super().build(input_shapes)
 
+    # Plain TF ops without tensor-dependent Python control flow: autograph's conversion of
+    # the backend (parsing and rewriting its source at every trace) only costs startup time.
+    @tf.autograph.experimental.do_not_convert
     def call(self, inputs, training=False, **kwargs):
         """``{feature: ids}`` (extra keys ignored) -> ``{feature: [batch, dim]}``."""
         if not isinstance(inputs, Mapping):

@@ -27,15 +27,14 @@ def combiner_weights(row_lengths, combiner: str):
     return tf.repeat(per_row, row_lengths)
 
 
-def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, offset=0, row_range=None):
-    """Looks ``ids`` up in ``var`` (rows ``offset``...), pooling multi-hot samples.
+def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None):
+    """Looks ``ids`` up in ``var``, pooling multi-hot samples.
 
     Args:
-        var: The local variable (a concatenation of shards, or one table).
+        var: The local variable (one shard or table).
         ids: int ids ``[n]`` (one-hot) or the flat values ``[nnz]`` of a multi-hot batch.
         row_lengths: ``[n]`` ids per sample for multi-hot inputs; None for one-hot.
         combiner: ``sum`` / ``mean`` / ``sqrtn`` for multi-hot inputs.
-        offset: Row of ``var`` where this table's shard starts.
         row_range: ``(start, rows)`` for a row-sliced shard: ids outside it contribute zero.
 
     Returns:
@@ -49,7 +48,7 @@ def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, offset=0, row_ra
         inside = tf.logical_and(local >= 0, local < rows)
         ids = tf.where(inside, local, tf.zeros_like(local))
         mask = tf.cast(inside, var.dtype)
-    vectors = tf.gather(var, ids + offset)
+    vectors = tf.gather(var, ids)
     if row_lengths is None:
         return vectors if mask is None else vectors * mask[:, None]
     row_lengths = tf.cast(row_lengths, tf.int64)

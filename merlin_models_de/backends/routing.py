@@ -42,14 +42,6 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class Storage:
-    """Where a shard lives in a rank's local variables: group ``group`` from row ``offset``."""
-
-    group: int
-    offset: int
-
-
-@dataclass(frozen=True)
 class Routing:
     """The static routing of one plan. See the module docstring."""
 
@@ -57,8 +49,6 @@ class Routing:
     features: tuple[FeatureSpec, ...]
     served: tuple[tuple[Lookup, ...], ...]  # per owner rank: one-hot lookups first
     pieces: tuple[tuple[Piece, ...], ...]  # per feature, in column order
-    groups: tuple[tuple[int, ...], ...]  # per rank: widths of the concatenated MP variables
-    storage: tuple[dict, ...]  # per rank: table name -> Storage of its MP shard there
 
     @classmethod
     def build(cls, plan: ShardingPlan, features) -> "Routing":
@@ -86,23 +76,7 @@ class Routing:
                                  if l.feature == i and l.shard == s)
                     parts.append(Piece("mp", s.cols, owner=s.rank, index=index))
                 pieces.append(tuple(parts))
-        groups, storage = [], []
-        for rank in range(n):
-            widths: list[int] = []
-            rows: list[int] = []
-            where = {}
-            for s in plan.shards_on(rank):
-                if s.kind not in MODEL_PARALLEL:
-                    continue
-                if s.cols not in widths:
-                    widths.append(s.cols)
-                    rows.append(0)
-                g = widths.index(s.cols)
-                where[s.table] = Storage(g, rows[g])
-                rows[g] += s.rows
-            groups.append(tuple(widths))
-            storage.append(where)
-        return cls(n, features, tuple(served), tuple(pieces), tuple(groups), tuple(storage))
+        return cls(n, features, tuple(served), tuple(pieces))
 
     def width(self, owner: int) -> int:
         """Output columns per sample that ``owner`` sends back to each rank."""
