@@ -51,6 +51,11 @@ class single_process:  # pylint: disable=invalid-name
         return False
 
 
+def overridden() -> bool:
+    """True inside :class:`single_process`."""
+    return bool(_SINGLE)
+
+
 def _launched_by_horovod() -> bool:
     return any(v in os.environ for v in _LAUNCH_VARS)
 

@@ -79,6 +79,10 @@ class DistributedEmbeddings(Block):
                             row_slice_threshold=row_slice_threshold,
                             data_parallel_threshold=data_parallel_threshold)
         self.backend_name, self.validate_ids = resolve(backend), validate_ids
+        if comm.overridden() and self.backend_name == "distributed-embeddings":
+            # the single-process copy made for export: DE reads Horovod's world size itself,
+            # and a plain-TF model serves anywhere
+            self.backend_name = "horovod"
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         if self.embeddings_regularizer is not None and self.world_size > 1:

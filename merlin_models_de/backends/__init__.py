@@ -11,7 +11,16 @@ def create(name: str, plan, features, rank: int, validate_ids: bool = True) -> E
 
         return HorovodBackend(plan, features, rank, validate_ids=validate_ids)
     if name == "distributed-embeddings":
-        raise NotImplementedError(
-            "backend='distributed-embeddings' is not wired in yet (see the open issue); "
-            "use backend='horovod'. Received: backend='distributed-embeddings'")
+        from merlin_models_de.backends.base import distributed_embeddings_available
+
+        if not distributed_embeddings_available():
+            raise ImportError(
+                "backend='distributed-embeddings' needs NVIDIA distributed-embeddings, which "
+                "does not import here (scripts/install_distributed_embeddings.sh installs it "
+                "on GPU machines); backend='auto' falls back to 'horovod'. Received: "
+                "backend='distributed-embeddings'")
+        from merlin_models_de.backends.distributed_embeddings import (
+            DistributedEmbeddingsBackend)
+
+        return DistributedEmbeddingsBackend(plan, features, rank, validate_ids=validate_ids)
     raise ValueError(f"Unknown backend; expected one of {list(BACKENDS)}. Received: backend={name!r}")

@@ -14,7 +14,6 @@ Example:
 """
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from merlin_models_de import comm
@@ -216,48 +215,8 @@ class HorovodBackend(EmbeddingBackend):
             return self.rw[shard.table], 0
         return self.mp[shard.table], 0
 
-    def get_table(self, name, chunk_bytes):
-        shards = self.plan.shards_of(name)
-        if shards[0].kind is ShardingType.DATA_PARALLEL:
-            return self.dp[name].numpy()  # every rank has the whole table
-        table = self.plan.table(name)
-        out = np.zeros((table.rows, table.dim), np.float32)
-        for s in shards:
-            for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
-                if s.rank == self.rank:
-                    var, first = self._local_block(s)
-                    data = var[first + lo:first + hi]
-                else:
-                    data = tf.zeros([hi - lo, s.cols], tf.float32)
-                data = comm.broadcast(data, root_rank=s.rank)
-                out[s.row_start + lo:s.row_start + hi, s.col_start:s.col_start + s.cols] = data
-        return out
-
-    def set_table(self, name, array, root_rank, chunk_bytes):
-        table = self.plan.table(name)
-        if array is not None and tuple(np.shape(array)) != (table.rows, table.dim):
-            raise ValueError(f"Table '{name}' has shape {(table.rows, table.dim)}. "
-                             f"Received: shape={tuple(np.shape(array))}")
-        for s in self.plan.shards_of(name):
-            for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
-                if array is not None:
-                    data = np.asarray(array[s.row_start + lo:s.row_start + hi,
-                                            s.col_start:s.col_start + s.cols], np.float32)
-                else:
-                    data = np.zeros((hi - lo, s.cols), np.float32)
-                if root_rank is not None:
-                    data = comm.broadcast(tf.constant(data), root_rank=root_rank)
-                if s.rank == self.rank:
-                    var, first = self._local_block(s)
-                    var[first + lo:first + hi].assign(data)
-
 
 def _batch_size(inputs):
     ids, lengths = inputs[0]
     ref = lengths if lengths is not None else ids
     return tf.shape(ref, out_type=tf.int64)[0]
-
-
-def _chunks(rows, cols, chunk_bytes):
-    step = max(1, chunk_bytes // max(1, cols * 4))
-    return [(lo, min(rows, lo + step)) for lo in range(0, rows, step)]

@@ -21,7 +21,8 @@ def build_model(spec):
     tf.keras.utils.set_random_seed(1)
     return mm.DLRMModel(
         s, embeddings=mm.DistributedEmbeddings(s, dim=8, strategy=spec["strategy"],
-                                               column_slice_threshold=spec.get("column")),
+                                               column_slice_threshold=spec.get("column"),
+                                               backend=spec.get("backend", "auto")),
         bottom_block=mm.MLPBlock([8]), top_block=mm.MLPBlock([8]),
         prediction_tasks=mm.BinaryClassificationTask("label"))
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends.base import distributed_embeddings_available
 from tests.unit.horovod import fit_common as fc
 
 PER_RANK = 32
@@ -36,12 +37,20 @@ def reference(spec, data, tmp):
     return result
 
 
-@pytest.mark.parametrize("optimizer, strategy, column", [
-    ("sgd", "basic", None), ("adagrad", "memory_balanced", 4000), ("adam", "memory_optimized", None)])
-def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer, strategy, column):
+DE = pytest.mark.skipif(not distributed_embeddings_available(),
+                        reason="NVIDIA distributed-embeddings does not import here")
+
+
+@pytest.mark.parametrize("optimizer, strategy, column, backend", [
+    ("sgd", "basic", None, "horovod"), ("adagrad", "memory_balanced", 4000, "horovod"),
+    ("adam", "memory_optimized", None, "horovod"),
+    pytest.param("adagrad", "memory_optimized", 4000, "distributed-embeddings", marks=DE),
+    pytest.param("adam", "basic", None, "distributed-embeddings", marks=DE)])
+def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer, strategy, column,
+                                                backend):
     n, r = comm.size(), comm.rank()
     spec = dict(optimizer=optimizer, lr=0.05, strategy=strategy, column=column, world_size=n,
-                per_rank=PER_RANK)
+                per_rank=PER_RANK, backend=backend)
     data = comm.broadcast_object(fc.make_data(n * PER_RANK * STEPS, seed=3))
     ref = reference(spec, data, str(tmp_path_factory.mktemp("ref")))
 
