@@ -78,7 +78,8 @@ class DistributedEmbeddings(Block):
         self.options = dict(strategy=strategy, column_slice_threshold=column_slice_threshold,
                             row_slice_threshold=row_slice_threshold,
                             data_parallel_threshold=data_parallel_threshold)
-        self.backend_name, self.validate_ids = resolve(backend), validate_ids
+        self.backend_name = resolve(backend, multi_hot=any(f.multi_hot for f in self.features))
+        self.validate_ids = validate_ids
         if comm.overridden() and self.backend_name == "distributed-embeddings":
             # the single-process copy made for export: DE reads Horovod's world size itself,
             # and a plain-TF model serves anywhere

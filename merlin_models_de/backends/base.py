@@ -94,11 +94,14 @@ def distributed_embeddings_available() -> bool:
     return True
 
 
-def resolve(backend: str) -> str:
-    """``auto`` -> ``distributed-embeddings`` when importable, else ``horovod``."""
+def resolve(backend: str, multi_hot: bool = False) -> str:
+    """``auto`` -> ``distributed-embeddings`` when importable and the features are all one-hot
+    (what it supports), else ``horovod``."""
     if backend not in BACKENDS:
         raise ValueError(f"Unknown backend; expected one of {list(BACKENDS)}. "
                          f"Received: backend={backend!r}")
     if backend == "auto":
-        return "distributed-embeddings" if distributed_embeddings_available() else "horovod"
+        if not multi_hot and distributed_embeddings_available():
+            return "distributed-embeddings"
+        return "horovod"
     return backend
