@@ -18,7 +18,7 @@ Options are checked before TensorFlow loads; a bad one exits with status 2 and o
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import os
 import sys
 import time
@@ -112,6 +112,11 @@ def check(args) -> str | None:
             return f"--{name.replace('_', '-')} is out of range. Received: {value}"
     if args.learning_rate is not None and not args.learning_rate > 0:
         return f"--learning-rate must be > 0. Received: {args.learning_rate}"
+    if args.backend == "distributed-embeddings" and importlib.util.find_spec(
+            "distributed_embeddings") is None:
+        return ("--backend distributed-embeddings needs NVIDIA distributed-embeddings "
+                "(scripts/install_distributed_embeddings.sh). Received: "
+                "--backend=distributed-embeddings")
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
     for flag, path in (("--train-dir", args.train_dir), ("--valid-dir", args.valid_dir)):

@@ -23,7 +23,7 @@ def configure_threads(cpu_threads: int | None) -> int:
 
 
 def _datasets(args, size, rank):
-    """(schema, train loader, valid loader or None, sharded_by_loader)."""
+    """(schema, train loader, valid loader or None) for this rank."""
     import merlin.models.tf as mm
     from merlin.io import Dataset
 

@@ -1,5 +1,6 @@
 """The DLRM command: option errors, synthetic data, single-process and horovodrun runs,
 checkpoint resume, export, a parquet directory with unequal partitions, the bench harness."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +33,9 @@ def _run(args, ranks=1, timeout=600):
     (["--rows", "100", "--batch-size", "512"], "--rows must hold at least one global batch"),
     (["--valid-dir", "/tmp"], "--valid-dir needs --train-dir"),
     (["--column-slice-threshold", "0"], "column_slice_threshold"),
+    pytest.param(["--backend", "distributed-embeddings"], "needs NVIDIA distributed-embeddings",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("distributed_embeddings") is not None,
+                                          reason="distributed-embeddings is installed")),
 ])
 def test_bad_options_exit_2_with_one_line_before_tensorflow(argv, message, capsys):
     had_tf = "tensorflow" in sys.modules
