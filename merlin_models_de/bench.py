@@ -165,7 +165,7 @@ def main(argv=None) -> int:
               f"{row['time_to_first_step']:.1f} s, run {seconds:.0f} s", flush=True)
     table = markdown(rows)
     print(table)
-    config = {k: v for k, v in vars(args).items()}
+    config = vars(args)
     with open(os.path.join(args.out, "bench.json"), "w", encoding="utf-8") as f:
         json.dump({"config": config, "rows": rows, "failed": failed,
                    "command": "python -m merlin_models_de.bench " + " ".join(argv or sys.argv[1:])},

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.planner.types import ShardingPlan, ShardingType
+from merlin_models_de.training import slot, slot_names
 
 FORMAT = "merlin-models-de/1"
 CHUNK_BYTES = 64 * 2**20
@@ -40,18 +41,6 @@ def _blocks_and_dense(model):
 
     blocks = de_blocks(model)
     return blocks, _dense_weights(model, blocks)
-
-
-def _slot_names(model):
-    opt = getattr(model, "optimizer", None)
-    return list(opt.get_slot_names()) if opt is not None and hasattr(opt, "get_slot_names") else []
-
-
-def _slot(model, var, name):
-    try:
-        return model.optimizer.get_slot(var, name)
-    except (KeyError, ValueError, AttributeError):
-        return None
 
 
 def _shard_file(root, block, shard, what):
@@ -68,14 +57,14 @@ def save_checkpoint(model, directory: str, step: int | None = None) -> str:
     step = int(step if step is not None else (opt.iterations.numpy() if opt is not None else 0))
     tmp = comm.broadcast_object(os.path.join(directory, f".tmp-{uuid.uuid4().hex}"),
                                 name="mmde_ckpt_tmp")
-    slots = _slot_names(model)
+    slots = slot_names(opt)
     for block in blocks:
         mine = block.plan.shards_on(block.rank)
         for shard in mine:
             if shard.kind is ShardingType.DATA_PARALLEL and block.rank != 0:
                 continue
             var, first = block.backend._local_block(shard)  # pylint: disable=protected-access
-            for what, source in [("table", var)] + [(s, _slot(model, var, s)) for s in slots]:
+            for what, source in [("table", var)] + [(s, slot(opt, var, s)) for s in slots]:
                 if source is None:
                     continue
                 path = _shard_file(tmp, block.name, shard, what)
@@ -87,9 +76,9 @@ def save_checkpoint(model, directory: str, step: int | None = None) -> str:
         arrays = {f"w{i}": w.numpy() for i, w in enumerate(dense)}
         for i, w in enumerate(dense):
             for s in slots:
-                slot = _slot(model, w, s)
-                if slot is not None:
-                    arrays[f"w{i}/{s}"] = slot.numpy()
+                state = slot(opt, w, s)
+                if state is not None:
+                    arrays[f"w{i}/{s}"] = state.numpy()
         np.savez(os.path.join(tmp, "dense.npz"), **arrays)
         manifest = {"format": FORMAT, "step": step, "world_size": comm.size(), "slots": slots,
                     "blocks": {b.name: b.plan.to_dict() for b in blocks}, "dense": len(dense)}
@@ -173,11 +162,11 @@ def restore_checkpoint(model, directory: str) -> dict:
     opt = getattr(model, "optimizer", None)
     if opt is not None and hasattr(opt, "_create_all_weights"):
         opt._create_all_weights(model.trainable_variables)  # pylint: disable=protected-access
-    slots = [s for s in manifest["slots"] if s in _slot_names(model)]
+    slots = [s for s in manifest["slots"] if s in slot_names(opt)]
     for block in blocks:
         for shard in block.plan.shards_on(block.rank):
             var, first = block.backend._local_block(shard)  # pylint: disable=protected-access
-            for what, target in [("table", var)] + [(s, _slot(model, var, s)) for s in slots]:
+            for what, target in [("table", var)] + [(s, slot(opt, var, s)) for s in slots]:
                 if target is not None:
                     _copy_overlaps(path, block.name, saved[block.name], shard, what, target,
                                    first)
@@ -188,9 +177,9 @@ def restore_checkpoint(model, directory: str) -> dict:
     for i, w in enumerate(dense):
         w.assign(arrays[f"w{i}"])
         for s in slots:
-            slot = _slot(model, w, s)
-            if slot is not None and f"w{i}/{s}" in arrays:
-                slot.assign(arrays[f"w{i}/{s}"])
+            state = slot(opt, w, s)
+            if state is not None and f"w{i}/{s}" in arrays:
+                state.assign(arrays[f"w{i}/{s}"])
     if opt is not None:
         opt.iterations.assign(manifest["step"])
     comm.barrier(name="mmde_ckpt_restored")
@@ -211,6 +200,8 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
         self.directory, self.every_n_steps, self.each_epoch = directory, every_n_steps, each_epoch
 
     def on_train_batch_end(self, batch, logs=None):
+        if not self.every_n_steps:
+            return
         step = int(self.model.optimizer.iterations.numpy())
         if self.every_n_steps and step % self.every_n_steps == 0:
             save_checkpoint(self.model, self.directory, step)

@@ -33,6 +33,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         self.started, self.first_step, self.epochs = started, None, []
         self.global_batch = args.batch_size * comm.size()
         self._t0 = self._last = None
+        self._supports_tf_logs = True  # logs are read once per epoch: no per-step numpy copy
 
     def placement(self) -> str:
         """The block's placement summary (or what data parallel means for mm.Embeddings)."""
@@ -74,7 +75,7 @@ class EpochReport(tf.keras.callbacks.Callback):
     def finish(self) -> dict:
         """The run report (JSON-ready)."""
         warm = self.epochs[1:]
-        warm_sps = (sum(self.steps * self.global_batch for _ in warm)
+        warm_sps = (len(warm) * self.steps * self.global_batch
                     / sum(e["train_seconds"] for e in warm)) if warm else None
         plan = getattr(self.block, "plan", None)
         return {"command": "merlin_models_de.dlrm", "options": vars(self.args),

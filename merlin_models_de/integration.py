@@ -24,7 +24,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.training import is_local
+from merlin_models_de.training import is_local, slot, slot_names
 
 _MARK = "_mmde_integration"
 
@@ -91,14 +91,11 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         if self.done:
             return
         h = comm.hvd()
-        local = {v.ref() for v in self.model.variables if is_local(v)}
         opt = self.model.optimizer
-        for var in list(local):
-            for slot in opt.get_slot_names() if hasattr(opt, "get_slot_names") else []:
-                try:
-                    local.add(opt.get_slot(var.deref(), slot).ref())
-                except (KeyError, ValueError):
-                    pass
+        mine = [v for v in self.model.variables if is_local(v)]
+        local = {v.ref() for v in mine}
+        local |= {s.ref() for v in mine for name in slot_names(opt)
+                  if (s := slot(opt, v, name)) is not None}
         global_vars = [v for v in self.model.variables if v.ref() not in local]
         global_vars += [v for v in opt.variables() if v.ref() not in local]
         if h is not None and global_vars:

@@ -80,10 +80,6 @@ class DistributedEmbeddings(Block):
                             data_parallel_threshold=data_parallel_threshold)
         self.backend_name = resolve(backend, multi_hot=any(f.multi_hot for f in self.features))
         self.validate_ids = validate_ids
-        if comm.overridden() and self.backend_name == "distributed-embeddings":
-            # the single-process copy made for export: DE reads Horovod's world size itself,
-            # and a plain-TF model serves anywhere
-            self.backend_name = "horovod"
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         if self.embeddings_regularizer is not None and self.world_size > 1:

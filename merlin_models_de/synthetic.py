@@ -60,14 +60,14 @@ def _block(schema, index: int, seed: int) -> dict:
 def make_rows(schema, ranges: list[tuple[int, int]], seed: int = 0) -> dict:
     """Columns ``{name: array}`` of the rows in ``ranges`` (global row indices), in order."""
     parts: dict[str, list] = {}
-    cache: dict[int, dict] = {}
+    current, block = -1, {}  # ranges come in order: one block in memory at a time
     for lo, hi in ranges:
         for b in range(lo // BLOCK_ROWS, (hi - 1) // BLOCK_ROWS + 1):
-            if b not in cache:
-                cache.clear()
-                cache[b] = _block(schema, b, seed)
-            a, z = max(lo, b * BLOCK_ROWS) - b * BLOCK_ROWS, min(hi, (b + 1) * BLOCK_ROWS) - b * BLOCK_ROWS
-            for name, values in cache[b].items():
+            if b != current:
+                current, block = b, _block(schema, b, seed)
+            start = b * BLOCK_ROWS
+            a, z = max(lo, start) - start, min(hi, start + BLOCK_ROWS) - start
+            for name, values in block.items():
                 parts.setdefault(name, []).append(values[a:z])
     return {name: np.concatenate(v) for name, v in parts.items()}
 

@@ -87,16 +87,30 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
         h.broadcast_variables(global_vars, root_rank=root_rank)
 
 
+def slot_names(optimizer) -> list:
+    """The slot names of a (legacy Keras) optimizer; [] for None or optimizers without slots."""
+    if optimizer is None or not hasattr(optimizer, "get_slot_names"):
+        return []
+    return list(optimizer.get_slot_names())
+
+
+def slot(optimizer, var, name):
+    """The optimizer's slot ``name`` of ``var``, or None where it has none (yet)."""
+    try:
+        return optimizer.get_slot(var, name)
+    except (KeyError, ValueError, AttributeError):
+        return None
+
+
 def mark_optimizer_slots(optimizer, variables) -> None:
     """Marks the optimizer slots of local variables as local too (call after they exist)."""
     for var in variables:
-        if not is_local(var):
-            continue
-        for name in optimizer.get_slot_names() if hasattr(optimizer, "get_slot_names") else []:
-            slot = optimizer.get_slot(var, name)
-            if slot is not None:
-                slot._mmde_local = True  # pylint: disable=protected-access
+        if is_local(var):
+            for name in slot_names(optimizer):
+                s = slot(optimizer, var, name)
+                if s is not None:
+                    s._mmde_local = True  # pylint: disable=protected-access
 
 
 __all__ = ["DistributedGradientTape", "broadcast_variables", "is_local", "local_variables",
-           "mark_optimizer_slots"]
+           "mark_optimizer_slots", "slot", "slot_names"]

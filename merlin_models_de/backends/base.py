@@ -96,10 +96,14 @@ def distributed_embeddings_available() -> bool:
 
 def resolve(backend: str, multi_hot: bool = False) -> str:
     """``auto`` -> ``distributed-embeddings`` when importable and the features are all one-hot
-    (what it supports), else ``horovod``."""
+    (what it supports), else ``horovod``. Inside ``comm.single_process()`` (the copy made for
+    export) always ``horovod``: DE reads Horovod's world size itself, and plain TF serves anywhere.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"Unknown backend; expected one of {list(BACKENDS)}. "
                          f"Received: backend={backend!r}")
+    if comm.overridden():
+        return "horovod"
     if backend == "auto":
         if not multi_hot and distributed_embeddings_available():
             return "distributed-embeddings"

@@ -162,12 +162,9 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
         problems, deferred = (local_problems(inputs, self.features, self.tables, batch)
                               if self.validate_ids else (tf.constant(0, tf.int64), []))
         header = tf.stack([batch, problems])
-        if n > 1:
-            received, splits = comm.alltoall(tf.tile(header, [n]), tf.fill([n], 2),
-                                             name=f"{self.prefix}_header".replace("/", "_"))
-        else:
-            received, splits = header, tf.constant([2], tf.int32)
-        checks = check_headers(received, splits, batch, self.rank, n, deferred)
+        received = (comm.allgather(header, name=f"{self.prefix}_header".replace("/", "_"))
+                    if n > 1 else header)
+        checks = check_headers(received, tf.fill([n], 2), batch, self.rank, n, deferred)
         with tf.control_dependencies(checks):
             ids = [tf.identity(i) for i in ids]
         return list(self.de(ids))
