@@ -12,11 +12,14 @@ Example:
     True
 """
 from merlin_models_de._register import register
-from merlin_models_de.planner import Shard, ShardingPlan, ShardingType, plan
+from merlin_models_de.planner import Shard, ShardingPlan, ShardingType
+from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import FeatureSpec, TableSpec, tables_from_schema
 
 __version__ = "0.1.0"
-__all__ = ["DistributedEmbeddings", "plan", "Shard", "ShardingPlan", "ShardingType",
+# The planner function is exported as ``make_plan`` (also ``merlin_models_de.planner.plan``):
+# ``merlin_models_de.plan`` is the plan command's module.
+__all__ = ["DistributedEmbeddings", "make_plan", "Shard", "ShardingPlan", "ShardingType",
            "FeatureSpec", "TableSpec", "tables_from_schema", "register"]
 
 _LAZY = {"DistributedEmbeddings": "merlin_models_de.layer"}

@@ -1,30 +1,41 @@
-"""Makes ``merlin.models.tf.DistributedEmbeddings`` this package's block and installs the
-Merlin training integration (:mod:`merlin_models_de.integration`, inert for models without
-the block), without importing
+"""Makes ``merlin.models.tf.DistributedEmbeddings`` this package's block, without importing
 Merlin Models (whose import calls ``hvd.init()`` when Horovod is installed) or TensorFlow.
 
-If ``merlin.models.tf`` is already imported, the attribute is set now; otherwise a small
-import hook sets it right after ``merlin.models.tf`` finishes importing. Idempotent.
+The attribute is served lazily (a module-level ``__getattr__`` on ``merlin.models.tf``,
+PEP 562): the block's module loads on first access, so registration never imports
+:mod:`merlin_models_de.layer` and there is no import cycle. If ``merlin.models.tf`` is not
+imported yet, a one-shot import hook adds the ``__getattr__`` right after its import. The
+Merlin training hooks are installed by the first block constructed (see
+:mod:`merlin_models_de.compat`). Idempotent.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
 
 TARGET = "merlin.models.tf"
+NAME = "DistributedEmbeddings"
+_LAYER = "merlin_models_de.layer"
 
 
 def _attach(module) -> None:
-    layer = sys.modules.get("merlin_models_de.layer")
-    if layer is not None and not hasattr(layer, "DistributedEmbeddings"):
-        return  # merlin.models.tf was imported by layer.py itself; layer.py registers at its end
-    from merlin_models_de.integration import install
-    from merlin_models_de.layer import DistributedEmbeddings
+    current = module.__dict__.get("__getattr__")
+    if getattr(current, "_mmde", False):
+        return
 
-    if getattr(module, "DistributedEmbeddings", None) is not DistributedEmbeddings:
-        module.DistributedEmbeddings = DistributedEmbeddings
-    install()
+    def __getattr__(name):  # pylint: disable=invalid-name
+        if name == NAME:
+            return getattr(importlib.import_module(_LAYER), NAME)
+        if current is not None:
+            return current(name)
+        raise AttributeError(f"module {TARGET!r} has no attribute {name!r}")
+
+    __getattr__._mmde = True  # pylint: disable=protected-access
+    module.__getattr__ = __getattr__
+    if NAME in module.__dict__:  # an older registration set it eagerly; serve it lazily now
+        del module.__dict__[NAME]
 
 
 class _Loader(importlib.abc.Loader):

@@ -27,20 +27,17 @@ import uuid
 import numpy as np
 import tensorflow as tf
 
-from merlin_models_de import comm
-from merlin_models_de.planner.types import ShardingPlan, ShardingType
-from merlin_models_de.training import slot, slot_names
+from merlin_models_de import comm, compat
+from merlin_models_de.planner.types import ShardingPlan
+from merlin_models_de.variables import dense_weights, embedding_blocks, slot, slot_names
 
 FORMAT = "merlin-models-de/1"
 CHUNK_BYTES = 64 * 2**20
 
 
 def _blocks_and_dense(model):
-    from merlin_models_de.export import _dense_weights
-    from merlin_models_de.integration import de_blocks
-
-    blocks = de_blocks(model)
-    return blocks, _dense_weights(model, blocks)
+    blocks = embedding_blocks(model)
+    return blocks, dense_weights(model, blocks)
 
 
 def _shard_file(root, block, shard, what):
@@ -59,11 +56,8 @@ def save_checkpoint(model, directory: str, step: int | None = None) -> str:
                                 name="mmde_ckpt_tmp")
     slots = slot_names(opt)
     for block in blocks:
-        mine = block.plan.shards_on(block.rank)
-        for shard in mine:
-            if shard.kind is ShardingType.DATA_PARALLEL and block.rank != 0:
-                continue
-            var, first = block.backend._local_block(shard)  # pylint: disable=protected-access
+        for shard in block.plan.stored_shards_on(block.rank):
+            var, first = block.backend.shard_variable(shard)
             for what, source in [("table", var)] + [(s, slot(opt, var, s)) for s in slots]:
                 if source is None:
                     continue
@@ -127,9 +121,7 @@ def _check(manifest, blocks):
 
 def _copy_overlaps(root, block_name, saved_plan, shard, what, target, first):
     """Fills ``target[first:first + shard.rows]`` from the saved shards that overlap it."""
-    for old in saved_plan.shards_of(shard.table):
-        if old.kind is ShardingType.DATA_PARALLEL and old.rank != 0:
-            continue
+    for old in saved_plan.stored_shards_of(shard.table):
         r0, r1 = max(shard.row_start, old.row_start), min(shard.row_start + shard.rows,
                                                           old.row_start + old.rows)
         c0, c1 = max(shard.col_start, old.col_start), min(shard.col_start + shard.cols,
@@ -137,7 +129,7 @@ def _copy_overlaps(root, block_name, saved_plan, shard, what, target, first):
         if r0 >= r1 or c0 >= c1:
             continue
         data = np.load(_shard_file(root, block_name, old, what), mmap_mode="r")
-        step = max(1, CHUNK_BYTES // max(1, (c1 - c0) * 4))
+        step = max(1, CHUNK_BYTES // max(1, (c1 - c0) * data.dtype.itemsize))
         for lo in range(r0, r1, step):
             hi = min(r1, lo + step)
             chunk = np.array(data[lo - old.row_start:hi - old.row_start,
@@ -160,12 +152,11 @@ def restore_checkpoint(model, directory: str) -> dict:
     blocks, dense = _blocks_and_dense(model)
     saved = _check(manifest, blocks)
     opt = getattr(model, "optimizer", None)
-    if opt is not None and hasattr(opt, "_create_all_weights"):
-        opt._create_all_weights(model.trainable_variables)  # pylint: disable=protected-access
+    compat.create_optimizer_slots(opt, model.trainable_variables)
     slots = [s for s in manifest["slots"] if s in slot_names(opt)]
     for block in blocks:
         for shard in block.plan.shards_on(block.rank):
-            var, first = block.backend._local_block(shard)  # pylint: disable=protected-access
+            var, first = block.backend.shard_variable(shard)
             for what, target in [("table", var)] + [(s, slot(opt, var, s)) for s in slots]:
                 if target is not None:
                     _copy_overlaps(path, block.name, saved[block.name], shard, what, target,
@@ -223,14 +214,15 @@ def read_full_tables(path: str) -> dict:
         plan = ShardingPlan.from_dict(plan_dict)
         for table in plan.tables:
             for what in ["table"] + manifest["slots"]:
-                full = np.zeros((table.rows, table.dim), np.float32)
-                found = False
-                for s in plan.shards_of(table.name):
+                full = None
+                for s in plan.stored_shards_of(table.name):
                     file = _shard_file(path, block, s, what)
-                    if (s.kind is ShardingType.DATA_PARALLEL and s.rank != 0) or not os.path.isfile(file):
+                    if not os.path.isfile(file):
                         continue
-                    full[s.row_start:s.row_start + s.rows, s.col_start:s.col_start + s.cols] = np.load(file)
-                    found = True
-                if found:
+                    data = np.load(file)
+                    if full is None:
+                        full = np.zeros((table.rows, table.dim), data.dtype)
+                    full[s.row_start:s.row_start + s.rows, s.col_start:s.col_start + s.cols] = data
+                if full is not None:
                     out.setdefault(block, {}).setdefault(table.name, {})[what] = full
     return out

@@ -1,4 +1,5 @@
-"""The one module that calls Horovod.
+"""Collectives and the launch environment: with :mod:`merlin_models_de.compat`, the only
+module that imports Horovod (this one uses its public API only).
 
 Nothing here runs at import time: Horovod is imported and initialized on first use, and
 only when the process was started by ``horovodrun`` (or Horovod was already initialized).
@@ -26,6 +27,16 @@ class _LazyTF:
 tf = _LazyTF()
 
 _LAUNCH_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def launch_env() -> tuple[int, int, int]:
+    """(size, rank, local size) from horovodrun's environment, without initializing Horovod.
+
+    For command-line checks that must run before TensorFlow or Horovod load.
+    """
+    env = os.environ
+    return (int(env.get("HOROVOD_SIZE", 1)), int(env.get("HOROVOD_RANK", 0)),
+            int(env.get("HOROVOD_LOCAL_SIZE", 1)))
 
 
 _SINGLE = []  # non-empty while single_process() is active
@@ -170,3 +181,46 @@ def barrier(name="mmde_barrier") -> None:
     h = hvd()
     if h is not None and h.size() > 1:
         h.allreduce(tf.constant(0, tf.int32), op=h.Sum, name=name)
+
+
+def broadcast_variables(variables, root_rank=0) -> None:
+    """Assigns ``root_rank``'s values to ``variables`` on every rank (no-op on one rank)."""
+    h = hvd()
+    if h is not None and h.size() > 1 and variables:
+        h.broadcast_variables(list(variables), root_rank=root_rank)
+
+
+def distributed_tape(tape, local_variables, **kwargs):
+    """Horovod's ``DistributedGradientTape`` around ``tape`` with ``local_variables``
+    registered (their gradients are divided by the world size, never allreduced), asking
+    for generic allreduce names. ``tape`` itself on one rank.
+
+    Horovod names each allreduce after its gradient tensor by default; in graph mode ranks
+    whose graphs differ (they hold different shards) would derive different names and wait
+    for each other forever. Generic names count only the allreduced gradients, which are
+    the same on every rank.
+    """
+    h = hvd()
+    if h is None or h.size() == 1:
+        return tape
+    # sparse_as_dense: the only global IndexedSlices gradients are those of data-parallel
+    # tables (small by definition); Horovod would allgather them under tensor-derived names.
+    kwargs.setdefault("sparse_as_dense", True)
+    wrapped = h.DistributedGradientTape(tape, scale_local_gradients=True, **kwargs)
+    for var in local_variables:
+        wrapped.register_local_source(var)
+    return _GenericNamesTape(wrapped)
+
+
+class _GenericNamesTape:
+    """Horovod's tape, asked for generic allreduce names (``grad_0``, ...)."""
+
+    def __init__(self, tape):
+        self._tape = tape
+
+    def gradient(self, target, sources, output_gradients=None):
+        """Like ``tf.GradientTape.gradient``, with local and global gradients handled."""
+        return self._tape.gradient(target, sources, output_gradients, use_generic_names=True)
+
+    def __getattr__(self, attr):
+        return getattr(self._tape, attr)

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from merlin_models_de import comm
+from merlin_models_de.variables import dense_weights, embedding_blocks
 
 
 def sample_batch(schema, rows: int = 2):
@@ -35,16 +36,9 @@ def sample_batch(schema, rows: int = 2):
     return batch
 
 
-def _dense_weights(model, blocks):
-    skip = {w.ref() for b in blocks for w in b.weights}
-    return [w for w in model.weights if w.ref() not in skip]
-
-
 def save_single_process(model, save, export_path, *args, **kwargs):
     """Collective: rank 0 saves a world-size-1 copy of ``model`` with full tables."""
-    from merlin_models_de.integration import de_blocks
-
-    blocks = de_blocks(model)
+    blocks = embedding_blocks(model)
     tables = [b.get_global_weights() for b in blocks]
     error = None
     if comm.rank() == 0:
@@ -60,14 +54,12 @@ def save_single_process(model, save, export_path, *args, **kwargs):
 
 
 def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
-    from merlin_models_de.integration import de_blocks
-
-    dense = [w.numpy() for w in _dense_weights(model, blocks)]
+    dense = [w.numpy() for w in dense_weights(model, blocks)]
     with comm.single_process():
         clone = model.__class__.from_config(model.get_config())
         clone(sample_batch(model.schema))
-        clone_blocks = de_blocks(clone)
-        targets = _dense_weights(clone, clone_blocks)
+        clone_blocks = embedding_blocks(clone)
+        targets = dense_weights(clone, clone_blocks)
         if [t.shape for t in targets] != [d.shape for d in dense]:
             raise ValueError("The rebuilt single-process model does not match the trained "
                              "one; cannot export. Received dense shapes "

@@ -14,12 +14,10 @@ import tensorflow as tf
 from merlin.models.tf.core.base import Block
 from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json,
                                               tensorflow_metadata_json_to_schema)
-from merlin.schema import Tags
 
-from merlin_models_de import comm
-from merlin_models_de._register import register
-from merlin_models_de.backends import create, resolve
-from merlin_models_de.backends.lookup import to_ids
+from merlin_models_de import comm, compat, integration
+from merlin_models_de.backends.validate import ordered_inputs
+from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
 from merlin_models_de.tables import feature_order, tables_from_schema
@@ -58,12 +56,16 @@ class DistributedEmbeddings(Block):
         >>> print(emb.summary())  # doctest: +SKIP
     """
 
+    _mmde_embedding_block = True  # variables.BLOCK_ATTR: how model queries find the block
+
     def __init__(self, schema, dim=None, *, infer_dim_fn: Callable | None = None,
                  sequence_combiner="mean", embeddings_initializer=None,
                  embeddings_regularizer=None, trainable=True, strategy="basic",
                  column_slice_threshold=None, row_slice_threshold=None,
                  data_parallel_threshold=None, backend="auto", validate_ids=True,
                  name="embeddings", **kwargs):
+        compat.ensure_supported()
+        integration.install()
         super().__init__(name=name, trainable=trainable, **kwargs)
         validate_options(1, strategy, column_slice_threshold, row_slice_threshold,
                          data_parallel_threshold)
@@ -78,7 +80,7 @@ class DistributedEmbeddings(Block):
         self.options = dict(strategy=strategy, column_slice_threshold=column_slice_threshold,
                             row_slice_threshold=row_slice_threshold,
                             data_parallel_threshold=data_parallel_threshold)
-        self.backend_name = resolve(backend, multi_hot=any(f.multi_hot for f in self.features))
+        self.backend_name = resolve(backend, self.features)
         self.validate_ids = validate_ids
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
@@ -102,6 +104,7 @@ class DistributedEmbeddings(Block):
 
     def build(self, input_shapes):
         self.backend.build(self, self._initializer, self.trainable)
+        self.engine_layers = self.backend.sublayers()  # tracked: their weights are the block's
         if self.embeddings_regularizer is not None:
             for var in self.trainable_weights:
                 self.add_loss(lambda v=var: self.embeddings_regularizer(v))
@@ -115,12 +118,11 @@ class DistributedEmbeddings(Block):
         if not isinstance(inputs, Mapping):
             raise ValueError(f"DistributedEmbeddings takes a dict of features. "
                              f"Received: {type(inputs).__name__}")
-        missing = [f.name for f in self.features if f.name not in inputs]
-        if missing:
-            raise ValueError(f"Features missing from the batch: {missing}. "
-                             f"Received keys: {sorted(inputs)}")
-        ordered = [to_ids(inputs[f.name], f.name, f.multi_hot) for f in self.features]
-        outputs = self.backend.call(ordered, training=training)
+        ordered, problems = ordered_inputs(inputs, self.features)
+        if problems and self.world_size == 1:
+            raise ValueError(problems[0])  # nobody to wait for: fail at once
+        # on several ranks a problem travels in the first exchange, so every rank fails
+        outputs = self.backend.call(ordered, training=training, problems=problems)
         return {f.name: out for f, out in zip(self.features, outputs)}
 
     def compute_output_shape(self, input_shapes):
@@ -203,5 +205,3 @@ def _serialize(init):
         return {k: _serialize(v) for k, v in init.items()}
     return tf.keras.initializers.serialize(tf.keras.initializers.get(init))
 
-
-register()  # attaches mm.DistributedEmbeddings now that both modules are loaded

@@ -1,58 +1,156 @@
-"""The small interface every backend implements.
+"""The interface every backend implements, and what all backends share.
 
 A backend executes one ShardingPlan on one rank: it creates that rank's variables, turns the
 ordered list of inputs into the ordered list of outputs, and reads / writes whole tables
-collectively.
+collectively. The base class does what must not differ between backends:
+
+- ``build`` creates the variables through the backend, then marks the backend's local
+  variables (a backend cannot forget it, and an unmarked shard would be allreduced);
+- ``call`` counts this rank's input problems, makes the two-number header (batch size,
+  problem count) and hands both to the backend's own exchange, which must deliver the header
+  to every rank in its first collective (or call :meth:`exchange_header`) and run the checks
+  before any lookup, so bad input fails on every rank at once;
+- ``get_table`` / ``set_table`` move whole tables through :meth:`shard_variable`.
 
 Example:
-    >>> backend = resolve("auto")  # doctest: +SKIP
+    >>> backend = create("horovod", plan, features, rank=0)  # doctest: +SKIP
+    >>> backend.shard_variable(plan.shards_on(0)[0])  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import abc
+from typing import Callable, ClassVar
 
 import numpy as np
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.planner.types import ShardingType
+from merlin_models_de.backends.validate import check_headers, local_problems
+from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
+from merlin_models_de.variables import mark_local
 
 
 class EmbeddingBackend(abc.ABC):
-    """Runs a plan on this rank. Subclasses set ``name``."""
+    """Runs a plan on this rank.
 
-    name = "base"
+    Args:
+        plan: The placement (same on every rank).
+        features: The ordered feature list (the input list order).
+        rank: This process's rank.
+        validate_ids: Count ids outside their table as problems (see ``validate``).
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True):
+        features = tuple(features)
+        problem = self.unsupported(features)
+        if problem is not None:
+            raise NotImplementedError(problem)
+        self.plan: ShardingPlan = plan
+        self.features = features
+        self.rank: int = rank
+        self.world_size: int = plan.world_size
+        self.validate_ids = validate_ids
+        self.tables = {t.name: t for t in plan.tables}
+        self.prefix = "mmde"
+        self.dtype = tf.float32  # the layer's variable dtype, set by build()
+        self._built = False
+
+    @classmethod
+    def unsupported(cls, features) -> str | None:
+        """Why this backend cannot run ``features`` (a message naming the feature), or None."""
+        del features
+        return None
+
+    # ---- variables -------------------------------------------------------------------------
+
+    def build(self, layer, initializer: Callable, trainable: bool) -> None:
+        """Creates this rank's variables on ``layer`` (idempotent) and marks the local ones.
+
+        ``initializer(table_name)`` gives a Keras initializer.
+        """
+        if self._built:
+            return
+        self.prefix = f"mmde_{layer.name}".replace("/", "_")
+        self.dtype = tf.as_dtype(layer.dtype or "float32")
+        self.create_variables(layer, initializer, trainable)
+        for var in self.local_variables():
+            mark_local(var)
+        self._built = True
 
     @abc.abstractmethod
-    def build(self, layer, initializer, trainable: bool) -> None:
-        """Creates this rank's variables on ``layer``; ``initializer(table_name)`` gives one."""
-
-    @abc.abstractmethod
-    def call(self, inputs: list, training: bool = False) -> list:
-        """Ordered list of ``(ids, row_lengths)`` -> ordered list of ``[batch, dim]`` outputs."""
+    def create_variables(self, layer, initializer: Callable, trainable: bool) -> None:
+        """Creates this rank's variables (called once, by :meth:`build`)."""
 
     @abc.abstractmethod
     def local_variables(self) -> list:
         """Variables whose contents differ by rank (never allreduced or broadcast)."""
 
     @abc.abstractmethod
-    def _local_block(self, shard):
-        """(variable, first row) where this rank stores ``shard`` (one of its own shards)."""
+    def shard_variable(self, shard: Shard):
+        """``(variable, first row)`` where this rank stores ``shard`` (one of its own)."""
+
+    def sublayers(self) -> list:
+        """Keras layers the backend owns; the block tracks them so their weights are its own."""
+        return []
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def call(self, inputs: list, training: bool = False, problems=()) -> list:
+        """Ordered list of ``(ids, row_lengths)`` -> ordered list of outputs.
+
+        ``problems``: messages about this rank's inputs found before this call (a missing or
+        malformed feature, replaced by a placeholder); they fail every rank after the header
+        exchange, as bad ids do.
+        """
+        batch = batch_size(inputs)
+        problems, deferred = local_problems(inputs, self.features, self.tables, batch,
+                                            problems, check_ids=self.validate_ids,
+                                            require_samples=self.world_size > 1)
+        header = tf.stack([batch, problems])
+
+        def check(received, received_splits):
+            return check_headers(received, received_splits, batch, self.rank, self.world_size,
+                                 deferred)
+
+        return self.exchange_and_lookup(inputs, batch, header, check, training)
+
+    @abc.abstractmethod
+    def exchange_and_lookup(self, inputs: list, batch, header, check: Callable,
+                            training: bool) -> list:
+        """The backend's own stages. ``header`` must reach every rank in the first exchange;
+        ``check(received, received_splits)`` gives the assertions that must run before any
+        lookup (``received`` holds, per source rank, a segment starting with the header)."""
+
+    def exchange_header(self, header, check: Callable) -> list:
+        """For backends whose own first exchange cannot carry the header: one allgather."""
+        n = self.world_size
+        received = (comm.allgather(header, name=self.collective_name("header"))
+                    if n > 1 else header)
+        return check(received, tf.fill([n], 2))
+
+    def collective_name(self, stage: str) -> str:
+        """Collective names: the same on every rank, unique per layer and stage."""
+        return f"{self.prefix}_{stage}"
+
+    # ---- whole tables ------------------------------------------------------------------------
 
     def get_table(self, name: str, chunk_bytes: int):
         """Collective: the full table as a NumPy array on every rank (moved in chunks)."""
         shards = self.plan.shards_of(name)
         if shards[0].kind is ShardingType.DATA_PARALLEL:
-            return self._local_block(shards[0])[0].numpy()  # every rank has the whole table
+            return self.shard_variable(shards[0])[0].numpy()  # every rank has the whole table
         table = self.plan.table(name)
-        out = np.zeros((table.rows, table.dim), np.float32)
+        dtype = self.dtype
+        out = np.zeros((table.rows, table.dim), dtype.as_numpy_dtype)
         for s in shards:
-            for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
+            for lo, hi in _chunks(s.rows, s.cols * dtype.size, chunk_bytes):
                 if s.rank == self.rank:
-                    var, first = self._local_block(s)
+                    var, first = self.shard_variable(s)
                     data = var[first + lo:first + hi]
                 else:
-                    data = tf.zeros([hi - lo, s.cols], tf.float32)
+                    data = tf.zeros([hi - lo, s.cols], dtype)
                 data = comm.broadcast(data, root_rank=s.rank)
                 out[s.row_start + lo:s.row_start + hi, s.col_start:s.col_start + s.cols] = data
         return out
@@ -63,49 +161,32 @@ class EmbeddingBackend(abc.ABC):
         if array is not None and tuple(np.shape(array)) != (table.rows, table.dim):
             raise ValueError(f"Table '{name}' has shape {(table.rows, table.dim)}. "
                              f"Received: shape={tuple(np.shape(array))}")
-        for s in self.plan.shards_of(name):
-            for lo, hi in _chunks(s.rows, s.cols, chunk_bytes):
+        shards = self.plan.shards_of(name)
+        dtype = self.dtype
+        for s in shards:
+            for lo, hi in _chunks(s.rows, s.cols * dtype.size, chunk_bytes):
                 if array is not None:
                     data = np.asarray(array[s.row_start + lo:s.row_start + hi,
-                                            s.col_start:s.col_start + s.cols], np.float32)
+                                            s.col_start:s.col_start + s.cols],
+                                      dtype.as_numpy_dtype)
                 else:
-                    data = np.zeros((hi - lo, s.cols), np.float32)
+                    data = np.zeros((hi - lo, s.cols), dtype.as_numpy_dtype)
                 if root_rank is not None:
                     data = comm.broadcast(tf.constant(data), root_rank=root_rank)
                 if s.rank == self.rank:
-                    var, first = self._local_block(s)
+                    var, first = self.shard_variable(s)
                     var[first + lo:first + hi].assign(data)
 
 
-def _chunks(rows, cols, chunk_bytes):
-    step = max(1, chunk_bytes // max(1, cols * 4))
+def _chunks(rows, row_bytes, chunk_bytes):
+    step = max(1, chunk_bytes // max(1, row_bytes))
     return [(lo, min(rows, lo + step)) for lo in range(0, rows, step)]
 
 
-BACKENDS = ("auto", "horovod", "distributed-embeddings")
-
-
-def distributed_embeddings_available() -> bool:
-    """True when NVIDIA distributed-embeddings imports."""
-    try:
-        import distributed_embeddings.python.layers.dist_model_parallel  # noqa: F401
-    except Exception:  # pylint: disable=broad-except  # its .so may fail to load, too
-        return False
-    return True
-
-
-def resolve(backend: str, multi_hot: bool = False) -> str:
-    """``auto`` -> ``distributed-embeddings`` when importable and the features are all one-hot
-    (what it supports), else ``horovod``. Inside ``comm.single_process()`` (the copy made for
-    export) always ``horovod``: DE reads Horovod's world size itself, and plain TF serves anywhere.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"Unknown backend; expected one of {list(BACKENDS)}. "
-                         f"Received: backend={backend!r}")
-    if comm.overridden():
-        return "horovod"
-    if backend == "auto":
-        if not multi_hot and distributed_embeddings_available():
-            return "distributed-embeddings"
-        return "horovod"
-    return backend
+def batch_size(inputs):
+    """This rank's batch size: the first feature's number of samples."""
+    if not inputs:
+        return tf.constant(0, tf.int64)
+    ids, lengths = inputs[0]
+    ref = lengths if lengths is not None else ids
+    return tf.shape(ref, out_type=tf.int64)[0]

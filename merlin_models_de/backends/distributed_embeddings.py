@@ -21,8 +21,9 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
-from merlin_models_de.backends.validate import check_headers, local_problems
-from merlin_models_de.planner.types import ShardingPlan, ShardingType
+from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
+
+_MODEL_PARALLEL = "model_parallel"  # DE merges a table's slices on a rank: no table/column split
 
 
 def de_placement(strategy, table_names, world_size: int) -> list[dict]:
@@ -45,7 +46,7 @@ def de_placement(strategy, table_names, world_size: int) -> list[dict]:
             configs, local_map = strategy.local_configs[r], strategy.local_maps[r]
             for k, g in zip(strategy.input_ids_list[r], local_map):
                 table = table_names[col[strategy.map_groups[1][k]]]
-                out[r][table] = ("mp", configs[g]["output_dim"])
+                out[r][table] = (_MODEL_PARALLEL, configs[g]["output_dim"])
     return out
 
 
@@ -57,8 +58,8 @@ def plan_placement(plan: ShardingPlan) -> list[dict]:
             out[s.rank][s.table] = (s.kind.value, None)
         elif s.kind is ShardingType.ROW_WISE:
             out[s.rank][s.table] = (s.kind.value, s.rows)
-        else:
-            out[s.rank][s.table] = ("mp", s.cols)
+        elif s.kind in MODEL_PARALLEL:
+            out[s.rank][s.table] = (_MODEL_PARALLEL, s.cols)
     return out
 
 
@@ -92,31 +93,28 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
     name = "distributed-embeddings"
 
     def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True):
-        for f in features:
-            if f.multi_hot:
-                raise NotImplementedError(
-                    f"Multi-hot features are not supported by backend='distributed-embeddings' "
-                    f"(its data-parallel input path takes dense one-hot ids only); use "
-                    f"backend='horovod'. Received: multi-hot feature '{f.name}' "
-                    f"(sequence_combiner={f.combiner!r})")
-        self.plan, self.rank, self.validate_ids = plan, rank, validate_ids
-        self.features = tuple(features)
-        self.tables = {t.name: t for t in plan.tables}
+        super().__init__(plan, features, rank, validate_ids=validate_ids)
         self.names = [t.name for t in plan.tables]
         self.input_table_map = [self.names.index(f.table) for f in self.features]
         self.de = None
-        self.prefix = "mmde"
+
+    @classmethod
+    def unsupported(cls, features):
+        for f in features:
+            if f.multi_hot:
+                return (f"Multi-hot features are not supported by "
+                        f"backend='distributed-embeddings' (its data-parallel input path takes "
+                        f"dense one-hot ids only); use backend='horovod'. Received: multi-hot "
+                        f"feature '{f.name}' (sequence_combiner={f.combiner!r})")
+        return None
 
     # ---- variables ------------------------------------------------------------------------
 
-    def build(self, layer, initializer, trainable: bool) -> None:
-        """Creates DE's layer and its variables on this rank (idempotent)."""
-        if self.de is not None:
-            return
+    def create_variables(self, layer, initializer, trainable: bool) -> None:
+        """Creates DE's layer and its variables on this rank."""
         from distributed_embeddings.python.layers import dist_model_parallel as dmp
 
         comm.hvd()  # initialized before DE asks for the world size
-        self.prefix = f"mmde_{layer.name}"
         de = dmp.DistributedEmbedding(
             _embeddings(self.plan.tables, initializer),
             **_de_options(self.plan, self.input_table_map), dp_input=True, name="de")
@@ -129,17 +127,17 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
                                    f"plan: {ours}")
         de.build(None)  # a shape would make DE allgather batch sizes in build
         de.trainable = trainable
-        layer._mmde_engine = de  # pylint: disable=protected-access  # tracked sublayer
         self.de = de
-        for var in self.local_variables():
-            var._mmde_local = True  # pylint: disable=protected-access
+
+    def sublayers(self) -> list:
+        return [self.de] if self.de is not None else []
 
     def local_variables(self) -> list:
         if self.de is None:
             return []
         return [l.embeddings for l in self.de.local_embedding_layers + self.de.row_layers]
 
-    def _local_block(self, shard):
+    def shard_variable(self, shard):
         s, t = self.de.strategy, self.names.index(shard.table)
         dp, col, row = s.table_groups
         if t in dp:
@@ -155,16 +153,8 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def call(self, inputs: list, training: bool = False) -> list:
-        n = self.plan.world_size
-        ids = [tf.reshape(i, [-1]) for i, _ in inputs]
-        batch = tf.shape(ids[0], out_type=tf.int64)[0]
-        problems, deferred = (local_problems(inputs, self.features, self.tables, batch)
-                              if self.validate_ids else (tf.constant(0, tf.int64), []))
-        header = tf.stack([batch, problems])
-        received = (comm.allgather(header, name=f"{self.prefix}_header".replace("/", "_"))
-                    if n > 1 else header)
-        checks = check_headers(received, tf.fill([n], 2), batch, self.rank, n, deferred)
+    def exchange_and_lookup(self, inputs, batch, header, check, training=False) -> list:
+        checks = self.exchange_header(header, check)  # DE's own exchanges take no header
         with tf.control_dependencies(checks):
-            ids = [tf.identity(i) for i in ids]
+            ids = [tf.identity(tf.reshape(i, [-1])) for i, _ in inputs]
         return list(self.de(ids))

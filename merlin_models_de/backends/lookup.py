@@ -68,6 +68,10 @@ def to_ids(value, feature: str, multi_hot: bool):
     """
     if isinstance(value, tf.SparseTensor):
         value = tf.RaggedTensor.from_sparse(value)
+    dtype = value.dtype if hasattr(value, "dtype") else tf.convert_to_tensor(value).dtype
+    if not dtype.is_integer:
+        raise ValueError(f"Feature '{feature}' must hold integer ids. Received: "
+                         f"dtype={dtype.name}")
     if isinstance(value, tf.RaggedTensor):
         if value.shape.rank == 3:
             value = value.merge_dims(1, 2)
@@ -76,6 +80,8 @@ def to_ids(value, feature: str, multi_hot: bool):
                              f"ragged. Received: {value!r}")
         return tf.cast(value.values, tf.int64), tf.cast(value.row_lengths(), tf.int64)
     value = tf.convert_to_tensor(value)
+    if value.shape.rank == 3 and value.shape[-1] == 1:  # fixed-length lists as [B, k, 1]
+        value = tf.squeeze(value, axis=-1)
     if value.shape.rank == 2 and value.shape[-1] == 1 and not multi_hot:
         value = tf.squeeze(value, axis=-1)
     if value.shape.rank == 0 or value.shape.rank > 2:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
+from merlin_models_de.planner.types import MODEL_PARALLEL, Shard, ShardingPlan, ShardingType
 from merlin_models_de.tables import FeatureSpec
-
-MODEL_PARALLEL = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
 
 
 @dataclass(frozen=True)
@@ -30,11 +28,11 @@ class Lookup:
 class Piece:
     """Where some output columns of a feature come from.
 
-    kind "mp": ``owner`` answers, it is lookup ``index`` in ``served[owner]``;
-    kind "dp" / "rw": the table ``table`` is data parallel / row sliced.
+    Model-parallel kinds (table / column wise): ``owner`` answers, it is lookup ``index`` in
+    ``served[owner]``; data parallel / row wise: the table ``table`` is looked up here.
     """
 
-    kind: str
+    kind: ShardingType
     cols: int
     owner: int = -1
     index: int = -1
@@ -66,15 +64,15 @@ class Routing:
         for i, f in enumerate(features):
             kind = plan.kind_of(f.table)
             if kind is ShardingType.DATA_PARALLEL:
-                pieces.append((Piece("dp", plan.table(f.table).dim, table=f.table),))
+                pieces.append((Piece(kind, plan.table(f.table).dim, table=f.table),))
             elif kind is ShardingType.ROW_WISE:
-                pieces.append((Piece("rw", plan.table(f.table).dim, table=f.table),))
+                pieces.append((Piece(kind, plan.table(f.table).dim, table=f.table),))
             else:
                 parts = []
                 for s in sorted(plan.shards_of(f.table), key=lambda s: s.col_start):
                     index = next(k for k, l in enumerate(served[s.rank])
                                  if l.feature == i and l.shard == s)
-                    parts.append(Piece("mp", s.cols, owner=s.rank, index=index))
+                    parts.append(Piece(s.kind, s.cols, owner=s.rank, index=index))
                 pieces.append(tuple(parts))
         return cls(n, features, tuple(served), tuple(pieces))
 

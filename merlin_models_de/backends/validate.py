@@ -13,13 +13,62 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from merlin_models_de.backends.lookup import to_ids
 
-def local_problems(inputs, features, tables, batch):
+
+def ordered_inputs(inputs, features):
+    """``{feature: value}`` -> (ordered ``(ids, row_lengths)`` list, problem messages).
+
+    A feature that is missing or malformed (wrong rank, non-integer dtype, ...) becomes an
+    empty-id placeholder of this rank's batch size and a message: the caller sends the count
+    in the first exchange instead of raising here, alone, while the other ranks wait.
+    """
+    ordered, problems = [], []
+    for f in features:
+        if f.name not in inputs:
+            problems.append(f"Feature '{f.name}' is missing from the batch. "
+                            f"Received keys: {sorted(inputs)}")
+            ordered.append(None)
+            continue
+        try:
+            ordered.append(to_ids(inputs[f.name], f.name, f.multi_hot))
+        except (ValueError, TypeError) as err:
+            problems.append(str(err))
+            ordered.append(None)
+    present = [o for o in ordered if o is not None]
+    if present:
+        ids, lengths = present[0]
+        batch = tf.shape(lengths if lengths is not None else ids, out_type=tf.int64)[0]
+    else:
+        batch = tf.constant(0, tf.int64)
+    filled = []
+    for f, value in zip(features, ordered):
+        if value is None:
+            value = ((tf.zeros([0], tf.int64), tf.zeros([batch], tf.int64)) if f.multi_hot
+                     else (tf.zeros([batch], tf.int64), None))
+        filled.append(value)
+    return filled, problems
+
+
+def local_problems(inputs, features, tables, batch, problems=(), check_ids=True,
+                   require_samples=True):
     """Returns (problem count, deferred checks) for this rank's inputs, in a handful of ops.
 
+    Counted: ``problems`` found while reading the inputs (messages), an empty batch (with
+    ``require_samples``: several ranks must each feed samples), features
+    whose batch size differs from ``batch`` and, with ``check_ids``, ids outside their table.
     ``tables`` maps table name -> TableSpec. Deferred checks are ``(ok, data)`` to be turned
     into asserts after the exchange; their data names the feature and the offending value.
     """
+    deferred = [(tf.constant(False), [message]) for message in problems]
+    empty = tf.logical_and(tf.equal(batch, 0), require_samples)
+    deferred.append((tf.logical_not(empty), [
+        "Received an empty batch (batch size 0); every rank must feed at least one sample "
+        "per step (mm.Loader(..., drop_last=True) drops a short last batch)."]))
+    static = tf.constant(len(problems), tf.int64) + tf.cast(empty, tf.int64)
+    if not check_ids:
+        count, more = _odd_sizes(inputs, features, batch)
+        return static + count, deferred + more
     names = tf.constant([f.name for f in features])
     ids = tf.concat([i for i, _ in inputs], 0)
     counts = tf.stack([tf.size(i, out_type=tf.int64) for i, _ in inputs])
@@ -29,10 +78,7 @@ def local_problems(inputs, features, tables, batch):
     first = tf.argmax(tf.cast(outside, tf.int32), output_type=tf.int64)
     n_bad = tf.reduce_sum(tf.cast(outside, tf.int64))
     bad_feature = tf.gather(names, tf.gather(which, first, axis=0)) if features else names
-    sizes = tf.stack([tf.shape(l if l is not None else i, out_type=tf.int64)[0] for i, l in inputs])
-    odd = tf.not_equal(sizes, batch)
-    n_odd = tf.reduce_sum(tf.cast(odd, tf.int64))
-    deferred = []
+    n_odd, odd_checks = _odd_sizes(inputs, features, batch)
     if features:
         deferred.append((tf.equal(n_bad, 0), [
             "An id is outside its table. Received: feature=",
@@ -40,10 +86,20 @@ def local_problems(inputs, features, tables, batch):
             "id=", tf.cond(n_bad > 0, lambda: tf.gather(ids, first), lambda: tf.constant(-1, tf.int64)),
             "(valid ids are 0..rows-1) rows=",
             tf.cond(n_bad > 0, lambda: tf.gather(rows, first), lambda: tf.constant(0, tf.int64))]))
-        deferred.append((tf.equal(n_odd, 0), [
-            f"Every feature must have the batch size of feature '{features[0].name}'. "
-            "Received batch sizes per feature:", names, sizes]))
-    return n_bad + n_odd, deferred
+    return static + n_bad + n_odd, deferred + odd_checks
+
+
+def _odd_sizes(inputs, features, batch):
+    """(count, checks) of features whose batch size differs from ``batch``."""
+    if not features:
+        return tf.constant(0, tf.int64), []
+    names = tf.constant([f.name for f in features])
+    sizes = tf.stack([tf.shape(l if l is not None else i, out_type=tf.int64)[0]
+                      for i, l in inputs])
+    n_odd = tf.reduce_sum(tf.cast(tf.not_equal(sizes, batch), tf.int64))
+    return n_odd, [(tf.equal(n_odd, 0), [
+        f"Every feature must have the batch size of feature '{features[0].name}'. "
+        "Received batch sizes per feature:", names, sizes])]
 
 
 def check_headers(received, received_splits, batch, rank, world_size, deferred):

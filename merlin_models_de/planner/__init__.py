@@ -13,11 +13,11 @@ from typing import Sequence
 from merlin_models_de.planner.slicing import (auto_column_threshold, classify,
                                               column_slice_widths, row_ranges)
 from merlin_models_de.planner.strategies import STRATEGIES, assign
-from merlin_models_de.planner.types import (OPTIMIZER_SLOTS, Shard, ShardingPlan, ShardingType,
-                                            optimizer_slots)
+from merlin_models_de.planner.types import (MODEL_PARALLEL, OPTIMIZER_SLOTS, Shard,
+                                            ShardingPlan, ShardingType, optimizer_slots)
 from merlin_models_de.tables import TableSpec
 
-__all__ = ["plan", "validate_options", "Shard", "ShardingPlan", "ShardingType", "STRATEGIES",
+__all__ = ["plan", "MODEL_PARALLEL", "validate_options", "Shard", "ShardingPlan", "ShardingType", "STRATEGIES",
            "OPTIMIZER_SLOTS", "optimizer_slots"]
 
 

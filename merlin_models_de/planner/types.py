@@ -32,6 +32,10 @@ class ShardingType(enum.Enum):
     DATA_PARALLEL = "data_parallel"
 
 
+# Kinds whose shards answer other ranks' lookups through the exchanges.
+MODEL_PARALLEL = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE)
+
+
 @dataclass(frozen=True)
 class Shard:
     """A rectangle of one table held by one rank.
@@ -105,6 +109,17 @@ class ShardingPlan:
     def shards_of(self, table: str) -> tuple[Shard, ...]:
         """The shards of one table, in rank order."""
         return tuple(sorted((s for s in self.shards if s.table == table), key=lambda s: s.rank))
+
+    def stored_shards_on(self, rank: int) -> tuple[Shard, ...]:
+        """The shards a checkpoint stores from ``rank``: its own, except replicated tables,
+        which only rank 0 stores (every rank holds the same copy)."""
+        return tuple(s for s in self.shards_on(rank)
+                     if s.kind is not ShardingType.DATA_PARALLEL or rank == 0)
+
+    def stored_shards_of(self, table: str) -> tuple[Shard, ...]:
+        """The stored shards of one table (see :meth:`stored_shards_on`), in rank order."""
+        return tuple(s for s in self.shards_of(table)
+                     if s.kind is not ShardingType.DATA_PARALLEL or s.rank == 0)
 
     def kind_of(self, table: str) -> ShardingType:
         """How ``table`` is sharded."""

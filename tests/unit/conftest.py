@@ -11,7 +11,7 @@ warnings.filterwarnings("ignore")
 
 @pytest.fixture(scope="session")
 def synthetic_schema():
-    from merlin_models_de.plan import synthetic_schema as load
+    from merlin_models_de.schemas import synthetic_schema as load
 
     cache = {}
 

@@ -15,7 +15,7 @@ def cat(name, max_id, *, domain_name=None, multi_hot=False, tags=()):
 
 def capped_schema(schema, max_id=999):
     """``schema`` with every categorical cardinality capped at ``max_id + 1`` (fast tests)."""
-    from merlin_models_de.synthetic import capped_schema as cap
+    from merlin_models_de.apps.synthetic import capped_schema as cap
 
     return cap(schema, max_id + 1)
 
@@ -24,6 +24,6 @@ def synthetic(name, rows, max_id=999):
     """A Merlin synthetic dataset with capped cardinalities."""
     from merlin.datasets.synthetic import generate_data
 
-    from merlin_models_de.plan import synthetic_schema
+    from merlin_models_de.schemas import synthetic_schema
 
     return generate_data(capped_schema(synthetic_schema(name), max_id), rows)

@@ -2,12 +2,12 @@
 every table / slice on the same rank as our planner. Skips where DE does not import."""
 import pytest
 
-from merlin_models_de import plan as make_plan
-from merlin_models_de.backends.base import distributed_embeddings_available
-from merlin_models_de.plan import synthetic_schema
+from merlin_models_de import make_plan
+from merlin_models_de.backends.registry import is_importable
+from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import tables_from_schema
 
-pytestmark = pytest.mark.skipif(not distributed_embeddings_available(),
+pytestmark = pytest.mark.skipif(not is_importable("distributed-embeddings"),
                                 reason="NVIDIA distributed-embeddings does not import here")
 
 OPTIONS = [

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from merlin_models_de import dlrm
-from merlin_models_de.synthetic import make_rows, rank_rows
+from merlin_models_de.apps import dlrm
+from merlin_models_de.apps.synthetic import make_rows, rank_rows
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 QUICK = ["--max-table-rows", "1000", "--batch-size", "64", "--dim", "8", "--bottom-mlp", "16",
@@ -57,7 +57,7 @@ def test_train_dir_without_schema_is_refused(tmp_path, capsys):
 
 
 def test_synthetic_rows_do_not_depend_on_world_size():
-    from merlin_models_de.plan import synthetic_schema
+    from merlin_models_de.schemas import synthetic_schema
 
     schema = synthetic_schema("criteo")
     assert rank_rows(10, per_rank=2, world_size=2, rank=1) == [(2, 4), (6, 8)]
@@ -120,8 +120,8 @@ def test_two_ranks_bad_option_one_line(tmp_path):
 def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     from merlin.io import Dataset
 
-    from merlin_models_de.plan import synthetic_schema
-    from merlin_models_de.synthetic import capped_schema, make_rows
+    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.apps.synthetic import capped_schema, make_rows
 
     schema = capped_schema(synthetic_schema("criteo"), 1000)
     import pandas as pd

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from merlin_models_de.backends.base import distributed_embeddings_available
+from merlin_models_de.backends.registry import is_importable
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts",
                       "install_distributed_embeddings.sh")
-pytestmark = pytest.mark.skipif(distributed_embeddings_available(),
+pytestmark = pytest.mark.skipif(is_importable("distributed-embeddings"),
                                 reason="distributed-embeddings is installed here")
 
 

@@ -117,7 +117,7 @@ def test_errors_name_the_feature_and_value():
     block = DistributedEmbeddings(schema, dim=2)
     ok = {"user": tf.constant([1, 2]), "tags": tf.ragged.constant([[1], [2, 3]], tf.int64)}
     block(ok)
-    with pytest.raises(ValueError, match=r"Features missing from the batch: \['tags'\]"):
+    with pytest.raises(ValueError, match=r"Feature 'tags' is missing from the batch. Received keys: \['user'\]"):
         block({"user": tf.constant([1, 2])})
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"(?s)An id is outside its table. Received: feature=.*user.*id=.*12.*rows=.*10"):

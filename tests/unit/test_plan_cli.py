@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from merlin_models_de.plan import parse_bytes
+from merlin_models_de.apps.plan import parse_bytes
 
 
 def run(*args):

@@ -6,7 +6,7 @@ SCHEMA_ROWS = 999
 
 
 def schema():
-    from merlin_models_de.plan import synthetic_schema
+    from merlin_models_de.schemas import synthetic_schema
     from tests.unit.helpers import capped_schema
 
     return capped_schema(synthetic_schema("criteo"), SCHEMA_ROWS)
@@ -59,22 +59,20 @@ def optimizer(name, lr):
 
 def snapshot(model):
     """{'dense/i': array, 'table/<name>': array}: full tables (collective) and dense weights."""
-    from merlin_models_de.export import _dense_weights
-    from merlin_models_de.integration import de_blocks
+    from merlin_models_de.variables import dense_weights, embedding_blocks
 
-    blocks = de_blocks(model)
-    out = {f"dense/{i}": w.numpy() for i, w in enumerate(_dense_weights(model, blocks))}
+    blocks = embedding_blocks(model)
+    out = {f"dense/{i}": w.numpy() for i, w in enumerate(dense_weights(model, blocks))}
     for block in blocks:
         out.update({f"table/{k}": v for k, v in block.get_global_weights().items()})
     return out
 
 
 def restore(model, weights, prefix):
-    from merlin_models_de.export import _dense_weights
-    from merlin_models_de.integration import de_blocks
+    from merlin_models_de.variables import dense_weights, embedding_blocks
 
-    blocks = de_blocks(model)
-    for i, w in enumerate(_dense_weights(model, blocks)):
+    blocks = embedding_blocks(model)
+    for i, w in enumerate(dense_weights(model, blocks)):
         w.assign(weights[f"{prefix}/dense/{i}"])
     tables = {k.split("/", 2)[2]: v for k, v in weights.items() if k.startswith(f"{prefix}/table/")}
     for block in blocks:

@@ -1,4 +1,4 @@
-"""The correctness oracle of DESIGN.md: N ranks with batch B == one process with batch N*B.
+"""The correctness oracle (docs/design.md): N ranks with batch B == one process with batch N*B.
 
 The reference here never touches Horovod: full tables as plain variables, TF's own lookups
 (tf.gather, tf.nn.embedding_lookup_sparse), the global batch, a mean loss.

@@ -6,9 +6,9 @@ import tensorflow as tf
 from merlin.schema import Schema
 
 from merlin_models_de import DistributedEmbeddings, comm
-from merlin_models_de.backends.base import distributed_embeddings_available
+from merlin_models_de.backends.registry import is_importable
 from merlin_models_de.checkpoint import read_full_tables, restore_checkpoint, save_checkpoint
-from merlin_models_de.integration import de_blocks
+from merlin_models_de.variables import embedding_blocks
 from merlin_models_de.planner import ShardingType
 from tests.unit.helpers import cat
 from tests.unit.horovod import fit_common as fc
@@ -17,7 +17,7 @@ from tests.unit.horovod.test_checkpoint import compiled, fit, rank_data, shared_
 from tests.unit.horovod.test_errors import still_in_step
 from tests.unit.horovod.test_oracle import assert_matches_oracle
 
-pytestmark = pytest.mark.skipif(not distributed_embeddings_available(),
+pytestmark = pytest.mark.skipif(not is_importable("distributed-embeddings"),
                                 reason="NVIDIA distributed-embeddings does not import here")
 DE = "distributed-embeddings"
 
@@ -111,7 +111,7 @@ def test_checkpoints_move_between_backends(hvd, tmp_path_factory, first, second)
     other = compiled(b, x)
     restore_checkpoint(other, saved)
     want = read_full_tables(path)
-    (block,) = de_blocks(other)
+    (block,) = embedding_blocks(other)
     assert block.backend_name == second
     got = block.get_global_weights()
     for name, arrays in next(iter(want.values())).items():

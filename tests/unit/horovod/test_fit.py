@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.base import distributed_embeddings_available
+from merlin_models_de.backends.registry import is_importable
 from tests.unit.horovod import fit_common as fc
 
 PER_RANK = 32
@@ -37,7 +37,7 @@ def reference(spec, data, tmp):
     return result
 
 
-DE = pytest.mark.skipif(not distributed_embeddings_available(),
+DE = pytest.mark.skipif(not is_importable("distributed-embeddings"),
                         reason="NVIDIA distributed-embeddings does not import here")
 
 

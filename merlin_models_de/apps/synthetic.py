@@ -8,7 +8,7 @@ continuous columns standard normal, and the binary label depends on a few of bot
 validation AUC means something.
 
 Example:
-    >>> from merlin_models_de.synthetic import rank_rows
+    >>> from merlin_models_de.apps.synthetic import rank_rows
     >>> rank_rows(10, per_rank=2, world_size=2, rank=1)
     [(2, 4), (6, 8)]
 """

@@ -7,13 +7,14 @@ import time
 
 import tensorflow as tf
 
-from merlin_models_de.dlrm import world
+from merlin_models_de import comm, compat
+from merlin_models_de.apps.defaults import LEARNING_RATES
 
 
 def configure_threads(cpu_threads: int | None) -> int:
     """TF threads per rank: the host's cores shared among its ranks (oversubscribed TF pools on
     a shared host cost more than the lost parallelism)."""
-    threads = cpu_threads or max(1, (os.cpu_count() or 1) // world()[2])
+    threads = cpu_threads or max(1, (os.cpu_count() or 1) // comm.launch_env()[2])
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -27,8 +28,8 @@ def _datasets(args, size, rank):
     import merlin.models.tf as mm
     from merlin.io import Dataset
 
-    from merlin_models_de.plan import load_schema, synthetic_schema
-    from merlin_models_de.synthetic import capped_schema, rank_dataset
+    from merlin_models_de.apps.synthetic import capped_schema, rank_dataset
+    from merlin_models_de.schemas import load_schema, synthetic_schema
 
     if args.train_dir:
         schema = load_schema(args.train_dir)
@@ -46,10 +47,9 @@ def _datasets(args, size, rank):
 
     def local(rows, seed):
         ds = rank_dataset(schema, rows, args.batch_size, size, rank, seed)
-        ld = mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True)
         # The rows are this rank's already: no sharding by partition, no seed broadcast.
-        ld.global_size, ld.global_rank, ld.seed_fn = 1, 0, None
-        return ld
+        return compat.take_local_rows(
+            mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True))
 
     valid = local(valid_rows, args.seed + 1) if valid_rows >= args.batch_size * size else None
     return schema, local(args.rows, args.seed), valid
@@ -82,14 +82,12 @@ def _model(args, schema):
 
 def _optimizer(args):
     legacy = tf.keras.optimizers.legacy
-    lr = args.learning_rate or {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}[args.optimizer]
+    lr = args.learning_rate or LEARNING_RATES[args.optimizer]
     return {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam}[args.optimizer](lr)
 
 
 def _equal_steps(loader, name) -> int:
     """Steps per epoch every rank can take (ranks with more batches stop early, said aloud)."""
-    from merlin_models_de import comm
-
     counts = comm.allgather_object(len(loader), name=f"mmde_dlrm_steps_{name}")
     if min(counts) < 1:
         raise ValueError(f"A rank has no full {name} batch. Batches per rank: {counts}")
@@ -103,10 +101,9 @@ def run(args, started: float) -> dict:
     threads = configure_threads(args.cpu_threads)
     import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
 
-    from merlin_models_de import comm
     from merlin_models_de.checkpoint import (CheckpointCallback, latest_checkpoint,
                                              restore_checkpoint)
-    from merlin_models_de.dlrm_report import EpochReport
+    from merlin_models_de.apps.dlrm_report import EpochReport
     from merlin_models_de.export import sample_batch
 
     phases = {"imports": time.perf_counter() - started}

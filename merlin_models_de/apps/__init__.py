@@ -1,0 +1,9 @@
+"""The command-line applications built on the library (the library never imports them).
+
+- ``plan``: print a placement plan (``merlin-models-de-plan``).
+- ``dlrm``: train DLRM under horovodrun (``merlin-models-de-dlrm``); ``dlrm_run`` and
+  ``dlrm_report`` are its run and its per-epoch report.
+- ``bench``: the benchmark harness (``merlin-models-de-bench``).
+- ``synthetic``: deterministic per-rank synthetic data shaped like a Merlin schema.
+- ``defaults``: values the applications share (learning rates, optimizers).
+"""

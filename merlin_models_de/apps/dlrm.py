@@ -1,0 +1,154 @@
+"""DLRM training command: ``horovodrun -np N python -m merlin_models_de.dlrm [options]``.
+
+Trains ``mm.DLRMModel`` with ``DistributedEmbeddings`` on synthetic Criteo-shaped data
+(``--rows``; every rank makes only its own rows, the same set whatever the world size) or on
+a directory of parquet files with a Merlin schema (NVTabular's output: ``--train-dir``,
+``--valid-dir``). Rank 0 prints the placement, Keras progress, and after each epoch the
+global samples/s, loss, validation AUC and logloss, and every rank's embedding bytes and
+peak resident memory; a JSON report goes to ``--report`` (default: ``report.json`` in the
+checkpoint directory). With ``--checkpoint-dir`` holding a checkpoint, training resumes.
+
+Examples:
+    horovodrun -np 2 -H localhost:2 python -m merlin_models_de.dlrm --rows 200000 --epochs 2
+    horovodrun -np 8 -H a:4,b:4 merlin-models-de-dlrm --train-dir /data/train --valid-dir /data/valid \\
+        --strategy memory_optimized --column-slice-threshold 16777216 --optimizer adagrad
+
+Options are checked before TensorFlow loads; a bad one exits with status 2 and one line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from merlin_models_de.apps.defaults import OPTIMIZERS
+from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
+from merlin_models_de.comm import launch_env
+from merlin_models_de.planner import STRATEGIES, validate_options
+from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
+
+STARTED = time.perf_counter()
+EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like '128,64', got {text!r}")
+    return values
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad options: one line on stderr (rank 0 only under horovodrun), exit status 2."""
+
+    def error(self, message):
+        if world()[1] == 0:
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's options."""
+    ap = _OneLineParser(prog="python -m merlin_models_de.dlrm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = ap.add_argument_group("data")
+    data.add_argument("--rows", type=int, default=100_000, help="synthetic training rows")
+    data.add_argument("--valid-rows", type=int, default=None,
+                      help="synthetic validation rows (default: rows / 10; 0: none)")
+    data.add_argument("--dataset", default="criteo", help="Merlin synthetic schema to imitate")
+    data.add_argument("--max-table-rows", type=int, default=None,
+                      help="cap every synthetic table at this many rows (quick runs)")
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--train-dir", default=None, help="parquet files + Merlin schema")
+    data.add_argument("--valid-dir", default=None)
+    model = ap.add_argument_group("model and training")
+    model.add_argument("--dim", type=int, default=16)
+    model.add_argument("--bottom-mlp", type=_ints, default=[128],
+                       help="hidden widths of the bottom MLP (dim is appended)")
+    model.add_argument("--top-mlp", type=_ints, default=[128, 64])
+    model.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
+    model.add_argument("--epochs", type=int, default=1)
+    model.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
+    model.add_argument("--learning-rate", type=float, default=None,
+                       help="per-rank rate (Merlin multiplies it by the world size)")
+    place = ap.add_argument_group("placement")
+    place.add_argument("--embeddings", default="distributed", choices=EMBEDDINGS)
+    place.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)
+    place.add_argument("--column-slice-threshold", type=int, default=None)
+    place.add_argument("--row-slice-threshold", type=int, default=None)
+    place.add_argument("--data-parallel-threshold", type=int, default=None)
+    place.add_argument("--backend", default="auto", choices=BACKEND_NAMES)
+    place.add_argument("--no-validate-ids", dest="validate_ids", action="store_false")
+    out = ap.add_argument_group("output")
+    out.add_argument("--checkpoint-dir", default=None, help="save each epoch; resume from it")
+    out.add_argument("--checkpoint-every", type=int, default=None, help="also every N steps")
+    out.add_argument("--export", default=None, help="SavedModel path (single-process model)")
+    out.add_argument("--report", default=None, help="JSON run report path")
+    out.add_argument("--cpu-threads", type=int, default=None,
+                     help="TF threads per rank (default: cores / ranks on this host)")
+    out.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    return ap
+
+
+def world() -> tuple[int, int, int]:
+    """(size, rank, local_size) from horovodrun's environment, without initializing Horovod."""
+    return launch_env()
+
+
+def check(args) -> str | None:
+    """The first problem with ``args`` as one line, or None. No TensorFlow, no Horovod."""
+    size = world()[0]
+    for name in ("rows", "batch_size", "epochs", "dim"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1. Received: {getattr(args, name)}"
+    for name in ("valid_rows", "max_table_rows", "checkpoint_every", "cpu_threads"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "valid_rows" else 1):
+            return f"--{name.replace('_', '-')} is out of range. Received: {value}"
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        return f"--learning-rate must be > 0. Received: {args.learning_rate}"
+    if args.backend != "auto" and not is_installed(args.backend):
+        return ("--backend distributed-embeddings needs NVIDIA distributed-embeddings "
+                "(scripts/install_distributed_embeddings.sh). Received: "
+                "--backend=distributed-embeddings")
+    if args.valid_dir and not args.train_dir:
+        return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
+    for flag, path in (("--train-dir", args.train_dir), ("--valid-dir", args.valid_dir)):
+        if path is None:
+            continue
+        if not os.path.isdir(path):
+            return f"{flag} is not a directory. Received: {flag}={path!r}"
+        if schema_file_in(path) is None:
+            return (f"{flag} has no Merlin schema ({' or '.join(SCHEMA_FILES)}; "
+                    f"NVTabular writes one). Received: {flag}={path!r}")
+    if not args.train_dir and args.rows < args.batch_size * size:
+        return (f"--rows must hold at least one global batch (batch size {args.batch_size} x "
+                f"{size} ranks). Received: --rows={args.rows}")
+    try:
+        validate_options(size, args.strategy, args.column_slice_threshold,
+                         args.row_slice_threshold, args.data_parallel_threshold)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def main(argv=None) -> int:
+    """Entry point (console script ``merlin-models-de-dlrm``); returns the exit code."""
+    args = parser().parse_args(argv)
+    problem = check(args)
+    if problem:
+        if world()[1] == 0:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    from merlin_models_de.apps.dlrm_run import run
+
+    report = run(args, STARTED)
+    return 0 if report else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

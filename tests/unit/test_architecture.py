@@ -1,0 +1,197 @@
+"""The package's shape: no import cycles, the library never imports an application, Horovod
+is imported only by comm and compat, and unsupported versions fail with one clear message."""
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import merlin_models_de
+from merlin_models_de import compat
+
+ROOT = pathlib.Path(merlin_models_de.__file__).parent
+PACKAGE = "merlin_models_de"
+# the applications, and the old `python -m merlin_models_de.<app>` spellings kept as aliases
+APP_ALIASES = {f"{PACKAGE}.dlrm", f"{PACKAGE}.bench", f"{PACKAGE}.plan"}
+HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat"}
+
+
+def module_names():
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name, path, known):
+    """Every package module ``name`` imports, at any depth of its code (lazy imports too)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def external_imports(path):
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.add(node.module or "")
+    return out
+
+
+def graph():
+    known = module_names()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def is_app(name):
+    return name in APP_ALIASES or name == f"{PACKAGE}.apps" or name.startswith(f"{PACKAGE}.apps.")
+
+
+def find_cycle(edges):
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_graph_sees_lazy_imports():
+    edges = graph()
+    assert f"{PACKAGE}.export" in edges[f"{PACKAGE}.integration"]
+    assert f"{PACKAGE}.apps.dlrm_run" in edges[f"{PACKAGE}.apps.dlrm"]  # imported in main()
+
+
+def test_no_import_cycles():
+    assert find_cycle(graph()) is None, f"import cycle: {' -> '.join(find_cycle(graph()))}"
+
+
+def test_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_library_never_imports_an_application():
+    bad = {m: sorted(d for d in deps if is_app(d))
+           for m, deps in graph().items() if not is_app(m)}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_variables_is_a_leaf():
+    assert graph()[f"{PACKAGE}.variables"] == set()
+
+
+def test_horovod_is_imported_only_by_comm_and_compat():
+    offenders = sorted(name for name, path in module_names().items()
+                       if any(m == "horovod" or m.startswith("horovod.")
+                              for m in external_imports(path))
+                       and name not in HOROVOD_IMPORTERS)
+    assert offenders == []
+
+
+def test_private_merlin_and_horovod_api_only_in_compat():
+    # the private members this package touches; only compat may name them
+    private = ("_allreduce_grads", "_allreduce(", "_add_horovod_callbacks", "_create_all_weights",
+               "global_rank", "seed_fn")
+    offenders = {}
+    for name, path in module_names().items():
+        if name == f"{PACKAGE}.compat":
+            continue
+        text = path.read_text()
+        hits = [p for p in private if p in text]
+        if hits:
+            offenders[name] = hits
+    assert offenders == {}
+
+
+def test_planner_function_is_not_shadowed_by_a_module():
+    import merlin_models_de.plan  # noqa: F401  (the CLI alias)
+    from merlin_models_de import make_plan
+    from merlin_models_de.planner import plan
+
+    assert make_plan is plan and callable(merlin_models_de.make_plan)
+
+
+def test_supported_versions_pass():
+    compat.check_versions({"tensorflow": "2.12.1", "merlin-models": "23.8.0",
+                           "horovod": "0.28.1"})
+    compat.check_versions({"tensorflow": "2.12.0", "merlin-models": "23.8.0", "horovod": None})
+
+
+@pytest.mark.parametrize("found, named", [
+    ({"tensorflow": "2.15.0", "merlin-models": "23.8.0", "horovod": "0.28.1"},
+     "tensorflow 2.15.0 (supported: 2.12.*)"),
+    ({"tensorflow": "2.12.1", "merlin-models": "23.4.0", "horovod": "0.28.1"},
+     "merlin-models 23.4.0 (supported: 23.8.*)"),
+    ({"tensorflow": "2.12.1", "merlin-models": "23.8.0", "horovod": "0.27.0"},
+     "horovod 0.27.0 (supported: 0.28.*)"),
+    ({"tensorflow": "2.12.1", "merlin-models": None, "horovod": "0.28.1"},
+     "merlin-models not installed"),
+])
+def test_unsupported_versions_fail_with_what_was_found(found, named):
+    with pytest.raises(compat.UnsupportedVersionError) as err:
+        compat.check_versions(found)
+    assert named in str(err.value) and compat.SKIP_ENV in str(err.value)
+
+
+FAKE_TF_VERSION = """
+import importlib.metadata as md
+real = md.version
+md.version = lambda name: "2.16.1" if name.startswith("tensorflow") else real(name)
+import merlin_models_de
+from merlin.datasets.synthetic import generate_data
+import merlin.models.tf as mm
+try:
+    mm.DistributedEmbeddings(generate_data("criteo", 8).schema, dim=4)
+except merlin_models_de.compat.UnsupportedVersionError as err:
+    print("REFUSED:", err)
+"""
+
+
+def test_the_block_refuses_an_unsupported_install_at_first_use():
+    env = {k: v for k, v in os.environ.items() if k != compat.SKIP_ENV}
+    out = subprocess.run([sys.executable, "-c", FAKE_TF_VERSION], capture_output=True,
+                         text=True, timeout=300, env=dict(env, PYTHONWARNINGS="ignore"))
+    assert "REFUSED: merlin_models_de does not support the installed tensorflow 2.16.1" \
+        in out.stdout, out.stderr[-2000:]
