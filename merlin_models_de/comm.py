@@ -106,6 +106,12 @@ def local_rank() -> int:
     return h.local_rank() if h else 0
 
 
+def local_size() -> int:
+    """Ranks on this host (1 without horovodrun)."""
+    h = hvd()
+    return h.local_size() if h else 1
+
+
 def alltoall(tensor, splits, name=None):
     """Sends ``tensor[rows of split i]`` to rank i; returns (received, received_splits).
 

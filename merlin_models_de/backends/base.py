@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends.memory import check_fits, host_memory_bytes
 from merlin_models_de.backends.validate import check_headers, local_problems
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_local
@@ -74,6 +75,8 @@ class EmbeddingBackend(abc.ABC):
             return
         self.prefix = f"mmde_{layer.name}".replace("/", "_")
         self.dtype = tf.as_dtype(layer.dtype or "float32")
+        if not tf.config.list_logical_devices("GPU"):  # device memory is not known up front
+            check_fits(self.plan, self.dtype.size, comm.local_size(), host_memory_bytes())
         self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
             mark_local(var)

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
-from merlin_models_de.backends.lookup import pooled_lookup
+from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.backends.routing import Routing
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 
@@ -146,9 +146,12 @@ class HorovodBackend(EmbeddingBackend):
         for k, l in enumerate(self.routing.served[self.rank]):
             ids, lengths = ids_by_lookup[k]
             var = self.mp[l.shard.table]
-            out.append(pooled_lookup(var, ids, row_lengths=lengths,
-                                     combiner=self.features[l.feature].combiner)
-                       if l.multi_hot else tf.gather(var, ids))
+            feature = self.features[l.feature]
+            # the op name reaches TF's out-of-range error (validate_ids=False, CPU)
+            name = op_name(f"lookup_{feature.name}_in_table_{l.shard.table}")
+            out.append(pooled_lookup(var, ids, row_lengths=lengths, combiner=feature.combiner,
+                                     name=name)
+                       if l.multi_hot else named_gather(var, ids, name))
         return out
 
     def _output_exchange(self, vectors, batch):

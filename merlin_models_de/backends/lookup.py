@@ -10,7 +10,14 @@ Example:
 """
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
+
+
+def op_name(text: str) -> str:
+    """``text`` as a valid TF op name (feature and table names may hold any character)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
 
 
 def combiner_weights(row_lengths, combiner: str):
@@ -27,7 +34,19 @@ def combiner_weights(row_lengths, combiner: str):
     return tf.repeat(per_row, row_lengths)
 
 
-def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None):
+def named_gather(var, ids, name):
+    """``tf.gather(var, ids)`` whose out-of-range error (CPU, ids unvalidated) says ``name``:
+    graph mode names the failing node; eager errors carry no op name, so add it here."""
+    if name is None or not tf.executing_eagerly():
+        return tf.gather(var, ids, name=name)
+    try:
+        return tf.gather(var, ids, name=name)
+    except tf.errors.InvalidArgumentError as err:
+        raise tf.errors.InvalidArgumentError(err.node_def, err.op,
+                                             f"{err.message} [{name}]") from None
+
+
+def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None, name=None):
     """Looks ``ids`` up in ``var``, pooling multi-hot samples.
 
     Args:
@@ -36,6 +55,7 @@ def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None):
         row_lengths: ``[n]`` ids per sample for multi-hot inputs; None for one-hot.
         combiner: ``sum`` / ``mean`` / ``sqrtn`` for multi-hot inputs.
         row_range: ``(start, rows)`` for a row-sliced shard: ids outside it contribute zero.
+        name: Name of the gather op (it appears in TF's error for an id outside ``var``).
 
     Returns:
         ``[n, cols]`` vectors in ``var``'s dtype.
@@ -48,7 +68,7 @@ def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None):
         inside = tf.logical_and(local >= 0, local < rows)
         ids = tf.where(inside, local, tf.zeros_like(local))
         mask = tf.cast(inside, var.dtype)
-    vectors = tf.gather(var, ids)
+    vectors = named_gather(var, ids, name)
     if row_lengths is None:
         return vectors if mask is None else vectors * mask[:, None]
     row_lengths = tf.cast(row_lengths, tf.int64)

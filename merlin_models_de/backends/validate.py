@@ -70,22 +70,23 @@ def local_problems(inputs, features, tables, batch, problems=(), check_ids=True,
         count, more = _odd_sizes(inputs, features, batch)
         return static + count, deferred + more
     names = tf.constant([f.name for f in features])
-    ids = tf.concat([i for i, _ in inputs], 0)
-    counts = tf.stack([tf.size(i, out_type=tf.int64) for i, _ in inputs])
-    which = tf.repeat(tf.range(len(features), dtype=tf.int64), counts)
-    rows = tf.gather(tf.constant([tables[f.table].rows for f in features], tf.int64), which)
+    # one sentinel id (0 of a 1-row table, never outside) keeps argmax / gather defined
+    # when the batch holds no ids at all
+    ids = tf.concat([i for i, _ in inputs] + [tf.zeros([1], tf.int64)], 0)
+    counts = tf.stack([tf.size(i, out_type=tf.int64) for i, _ in inputs] + [tf.ones([], tf.int64)])
+    which = tf.repeat(tf.range(len(features) + 1, dtype=tf.int64), counts)
+    row_counts = [tables[f.table].rows for f in features] + [1]
+    rows = tf.gather(tf.constant(row_counts, tf.int64), which)
     outside = tf.logical_or(ids < 0, ids >= rows)
     first = tf.argmax(tf.cast(outside, tf.int32), output_type=tf.int64)
     n_bad = tf.reduce_sum(tf.cast(outside, tf.int64))
-    bad_feature = tf.gather(names, tf.gather(which, first, axis=0)) if features else names
+    bad_feature = tf.gather(tf.concat([names, [""]], 0), tf.gather(which, first, axis=0))
     n_odd, odd_checks = _odd_sizes(inputs, features, batch)
     if features:
         deferred.append((tf.equal(n_bad, 0), [
-            "An id is outside its table. Received: feature=",
-            tf.cond(n_bad > 0, lambda: bad_feature, lambda: tf.constant("")),
-            "id=", tf.cond(n_bad > 0, lambda: tf.gather(ids, first), lambda: tf.constant(-1, tf.int64)),
-            "(valid ids are 0..rows-1) rows=",
-            tf.cond(n_bad > 0, lambda: tf.gather(rows, first), lambda: tf.constant(0, tf.int64))]))
+            "An id is outside its table. Received: feature=", bad_feature,
+            "id=", tf.gather(ids, first), "(valid ids are 0..rows-1) rows=",
+            tf.gather(rows, first)]))
     return static + n_bad + n_odd, deferred + odd_checks
 
 

@@ -137,10 +137,18 @@ def test_errors_name_the_feature_and_value():
         block.set_global_weights({"user": np.zeros((3, 2)), "tags": np.zeros((5, 2))})
 
 
-def test_validation_off_skips_the_check():
-    block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2, validate_ids=False)
-    block({"user": tf.constant([1])})
+def test_validation_off_skips_the_check_and_tf_names_feature_and_table():
+    schema = Schema([cat("user", 9), cat("tags", 4, multi_hot=True)])
+    block = DistributedEmbeddings(schema, dim=2, validate_ids=False)
+    tags = tf.ragged.constant([[1]], tf.int64)
+    block({"user": tf.constant([1]), "tags": tags})
     assert block.get_config()["validate_ids"] is False
+    # no range check: on CPU TF's own gather error, named after the feature and table
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"(?s)indices.*= 12 is not in \[0, 10\).*lookup_user_in_table_user"):
+        block({"user": tf.constant([12]), "tags": tags})
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)lookup_tags_in_table_tags"):
+        block({"user": tf.constant([1]), "tags": tf.ragged.constant([[7]], tf.int64)})
 
 
 @pytest.mark.parametrize("kind", ["dcn", "hand-built"])
@@ -158,3 +166,12 @@ def test_goes_where_mm_embeddings_goes(kind):
     assert np.isfinite(history.history["loss"][0])
     block = [layer for layer in model._flatten_layers() if isinstance(layer, DistributedEmbeddings)]
     assert len(block) == 1 and block[0].built
+
+
+def test_float_ids_and_huge_tables_are_refused_in_one_process():
+    schema = Schema([cat("user", 9), cat("item", 2**40 - 1)])
+    with pytest.raises(MemoryError, match=r"Rank 0 would hold 64.0 TiB.*table 'item'"):
+        DistributedEmbeddings(schema, dim=16)({"user": tf.constant([1]), "item": tf.constant([1])})
+    block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2)
+    with pytest.raises(ValueError, match=r"Feature 'user' must hold integer ids. Received: dtype=float32"):
+        block({"user": tf.constant([1.7])})

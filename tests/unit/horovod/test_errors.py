@@ -57,3 +57,65 @@ def test_uneven_last_batch_in_graph_mode(hvd):
     with pytest.raises(tf.errors.InvalidArgumentError, match="same per-rank batch size"):
         step(inputs_for(block, size))
     still_in_step()
+
+
+def _one_rank_bad(block, good, make_bad):
+    """Rank 1 gets ``make_bad(good)``; rank 0 the good batch."""
+    return make_bad(dict(good)) if comm.rank() == 1 else good
+
+
+def drop_feature(batch):
+    del batch["city"]
+    return batch
+
+
+@pytest.mark.parametrize("make_bad, message", [
+    (drop_feature, r"(?s)Feature 'city' is missing from the batch"),
+    (lambda b: {**b, "user": tf.constant([[1, 2]] * 8, tf.int64)},
+     r"(?s)Feature 'user' is one-hot in the schema but its input has 2 ids per sample"),
+    (lambda b: {**b, "device": tf.constant([["a"]] * 8)},
+     r"(?s)Feature 'device' must hold integer ids. Received: dtype=string"),
+    (lambda b: {**b, "item": tf.constant([[1.7]] * 8)},
+     r"(?s)Feature 'item' must hold integer ids. Received: dtype=float32"),
+    (lambda b: {k: v[:0] for k, v in b.items()},
+     r"(?s)Received an empty batch \(batch size 0\)"),
+], ids=["missing", "two-ids-one-hot", "string", "float", "empty"])
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_a_problem_found_before_the_exchange_fails_every_rank(hvd, make_bad, message, mode):
+    """The bad rank names the problem; the other names the rank; a caught error leaves both
+    ranks in step (the next collective completes)."""
+    block = make_block()
+    good = inputs_for(block, 8)
+    step = tf.function(lambda x: block(x)) if mode == "graph" else block
+    step(good)
+    batch = _one_rank_bad(block, good, make_bad)
+    # graph-mode assertions print their strings escaped ('x' as \'x\')
+    message = message.replace("'", r"\\?'")
+    expected = message if comm.rank() == 1 else r"(?s)Invalid input on another rank \(this is rank 0\)"
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=expected):
+        step(batch)
+    still_in_step()
+    assert step(good)["item"].shape == (8, 8)
+
+
+def test_empty_batch_on_every_rank_fails_on_every_rank(hvd):
+    block = make_block()
+    good = inputs_for(block, 8)
+    block(good)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Received an empty batch"):
+        block({k: v[:0] for k, v in good.items()})
+    still_in_step()
+
+
+def test_a_table_too_big_for_any_rank_is_refused_on_every_rank_before_allocation(hvd):
+    from merlin.schema import Schema
+
+    from tests.unit.helpers import cat
+
+    schema = Schema([cat("user", 2**40 - 1), cat("item", 99)])
+    block = DistributedEmbeddings(schema, dim=16, backend="horovod")
+    with pytest.raises(MemoryError, match=r"Rank \d would hold 64.0 TiB of embedding tables "
+                                          r"\(largest: table 'user'.*Received: table 'user' "
+                                          r"rows=1099511627776 dim=16"):
+        block({"user": tf.constant([1, 2]), "item": tf.constant([3, 4])})
+    still_in_step()
