@@ -16,6 +16,7 @@ from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json
                                               tensorflow_metadata_json_to_schema)
 
 from merlin_models_de import comm, compat, integration
+from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import plan as make_plan
@@ -123,7 +124,11 @@ class DistributedEmbeddings(Block):
             raise ValueError(problems[0])  # nobody to wait for: fail at once
         # on several ranks a problem travels in the first exchange, so every rank fails
         outputs = self.backend.call(ordered, training=training, problems=problems)
-        return {f.name: out for f, out in zip(self.features, outputs)}
+        dims = {t.name: t.dim for t in self.tables}
+        # (a feature missing here has already failed every rank in the exchange's checks)
+        return {f.name: sequence_output(out, inputs[f.name], dims[f.table])
+                if f.multi_hot and f.combiner is None and f.name in inputs else out
+                for f, out in zip(self.features, outputs)}
 
     def compute_output_shape(self, input_shapes):
         first = input_shapes[self.features[0].name]

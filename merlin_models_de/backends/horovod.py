@@ -34,15 +34,7 @@ class HorovodBackend(EmbeddingBackend):
         self.mp: dict = {}  # table -> this rank's model-parallel shard (table or column slice)
         self.dp: dict = {}  # table -> replicated variable
         self.rw: dict = {}  # table -> this rank's row slice
-
-    @classmethod
-    def unsupported(cls, features):
-        for f in features:
-            if f.multi_hot and f.combiner is None:
-                return (f"Un-pooled sequence outputs (3-D) are not supported by the horovod "
-                        f"backend yet. Received: sequence_combiner=None for feature "
-                        f"'{f.name}'; use 'mean', 'sum' or 'sqrtn'.")
-        return None
+        self.anchor = None  # see create_variables
 
     # ---- variables --------------------------------------------------------------------------
 
@@ -70,17 +62,34 @@ class HorovodBackend(EmbeddingBackend):
                     name=f"rw_{s.table}", shape=(s.rows, table.dim),
                     initializer=initializer(s.table), trainable=trainable)
 
+        # A rank that sends nothing in an exchange would send a constant, which no gradient
+        # tape records; that rank would then skip the exchange's backward all-to-all that
+        # the others run (a hang). Empty sends read this zero scalar, so every rank records
+        # every exchange. Its gradient is always 0 (or None where unread): it is local, so
+        # never allreduced, and ranks that do not read it allreduce nothing more.
+        self.anchor = layer.add_weight(name="exchange_anchor", shape=(), initializer="zeros",
+                                       trainable=True)
+
+    def _empty(self):
+        """A watched empty send (see ``anchor``)."""
+        return tf.zeros([0], self.dtype) + tf.cast(self.anchor, self.dtype) * 0
+
     def local_variables(self) -> list:
-        return list(self.mp.values()) + list(self.rw.values())
+        anchor = [self.anchor] if self.anchor is not None else []
+        return list(self.mp.values()) + list(self.rw.values()) + anchor
 
     # ---- one step -----------------------------------------------------------------------------
 
     def exchange_and_lookup(self, inputs, batch, header, check, training=False) -> list:
+        """The three stages; un-pooled (sequence) features come back as ``[ids, dim]`` rows
+        in the order of their flat ids (the block restores the ragged / padded shape)."""
         r, n = self.routing, self.routing.world_size
         ids_by_lookup, checked = self._input_exchange(inputs, batch, header, check)
         with tf.control_dependencies(checked):
             vectors = self._local_lookup(ids_by_lookup)
             from_owner = self._output_exchange(vectors, batch)
+            if any(r.sequences(j) for j in range(n)):
+                self._sequence_exchange(vectors, inputs, from_owner)
             outputs = []
             for i, f in enumerate(self.features):
                 parts = []
@@ -89,8 +98,8 @@ class HorovodBackend(EmbeddingBackend):
                         parts.append(from_owner[p.owner][p.index])
                     elif p.kind is ShardingType.DATA_PARALLEL:
                         ids, lengths = inputs[i]
-                        parts.append(pooled_lookup(self.dp[p.table], ids, row_lengths=lengths,
-                                                   combiner=f.combiner))
+                        parts.append(pooled_lookup(self.dp[p.table], ids, combiner=f.combiner,
+                                                   row_lengths=lengths if f.combiner else None))
                     else:
                         parts.append(self._row_sliced(inputs[i], f, batch, n))
                 outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
@@ -141,21 +150,28 @@ class HorovodBackend(EmbeddingBackend):
         return out
 
     def _local_lookup(self, ids_by_lookup):
-        """Stage 2: ``[N*B, cols]`` per served lookup, from this rank's shards."""
+        """Stage 2: per served lookup ``[N*B, cols]`` (pooled) or, un-pooled, ``([ids of all
+        ranks, cols], ids per source rank)``, from this rank's shards."""
         out = []
+        n = self.routing.world_size
         for k, l in enumerate(self.routing.served[self.rank]):
             ids, lengths = ids_by_lookup[k]
             var = self.mp[l.shard.table]
             feature = self.features[l.feature]
             # the op name reaches TF's out-of-range error (validate_ids=False, CPU)
             name = op_name(f"lookup_{feature.name}_in_table_{l.shard.table}")
-            out.append(pooled_lookup(var, ids, row_lengths=lengths, combiner=feature.combiner,
-                                     name=name)
-                       if l.multi_hot else named_gather(var, ids, name))
+            if l.sequence:
+                per_rank = tf.reduce_sum(tf.reshape(lengths, [n, -1]), axis=1)
+                out.append((named_gather(var, ids, name), tf.cast(per_rank, tf.int32)))
+            elif l.multi_hot:
+                out.append(pooled_lookup(var, ids, row_lengths=lengths,
+                                         combiner=feature.combiner, name=name))
+            else:
+                out.append(named_gather(var, ids, name))
         return out
 
     def _output_exchange(self, vectors, batch):
-        """Stage 3: per owner, the list of ``[B, cols]`` vectors of this rank's samples.
+        """Stage 3: per owner, ``{served index: [B, cols]}`` for this rank's samples.
 
         Each owner's message to a rank is lookup-major (all of lookup 0's ``[B, cols]``, then
         lookup 1's, ...), so both sides cut contiguous blocks: column splits of a
@@ -163,21 +179,44 @@ class HorovodBackend(EmbeddingBackend):
         """
         r, n = self.routing, self.routing.world_size
         widths = [r.width(j) for j in range(n)]
+        out = [{} for _ in range(n)]
         if not sum(widths):
-            return [[] for _ in range(n)]
+            return out
         b = tf.cast(batch, tf.int32)
-        if vectors:  # each [N*B, cols], rank-major rows
-            flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in vectors], axis=1), [-1])
+        pooled = [v for v, l in zip(vectors, r.served[self.rank]) if not l.sequence]
+        if pooled:  # each [N*B, cols], rank-major rows
+            flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled], axis=1), [-1])
         else:
-            flat = tf.zeros([0], tf.float32)
+            flat = self._empty()
         received, _ = comm.alltoall(flat, tf.fill([n], b * widths[self.rank]),
                                     name=self.collective_name("vectors"))
-        out = []
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
-            cols = [l.shard.cols for l in r.served[j]]
-            pieces = tf.split(chunk, [b * c for c in cols]) if cols else []
-            out.append([tf.reshape(p, [-1, c]) for p, c in zip(pieces, cols)])
+            mine = [(k, l.shard.cols) for k, l in enumerate(r.served[j]) if not l.sequence]
+            pieces = tf.split(chunk, [b * c for _, c in mine]) if mine else []
+            out[j].update({k: tf.reshape(p, [-1, c]) for (k, c), p in zip(mine, pieces)})
         return out
+
+    def _sequence_exchange(self, vectors, inputs, out):
+        """Stage 3b, un-pooled lookups: each owner sends every rank one row per id it sent;
+        sizes vary by rank and step, and both sides know them (the ids per rank)."""
+        r, n = self.routing, self.routing.world_size
+        mine = [(vectors[k], l.shard.cols) for k, l in r.sequences(self.rank)]
+        per_dest = [[] for _ in range(n)]
+        splits = tf.zeros([n], tf.int32)
+        for (rows, per_rank), cols in mine:
+            for j, block in enumerate(tf.split(rows, per_rank, num=n)):
+                per_dest[j].append(tf.reshape(block, [-1]))
+            splits += per_rank * cols
+        flat = tf.concat([t for dest in per_dest for t in dest], 0) if mine else self._empty()
+        received, _ = comm.alltoall(flat, splits, name=self.collective_name("sequences"))
+        sizes = {}  # (owner, served index) -> flat size of my rows
+        for j in range(n):
+            for k, l in r.sequences(j):
+                count = tf.size(inputs[l.feature][0], out_type=tf.int32)
+                sizes[(j, k)] = (count * l.shard.cols, l.shard.cols)
+        pieces = tf.split(received, [size for size, _ in sizes.values()]) if sizes else []
+        for ((j, k), (_, cols)), piece in zip(sizes.items(), pieces):
+            out[j][k] = tf.reshape(piece, [-1, cols])
 
     def _row_sliced(self, value, feature, batch, n):
         """A row-sliced table: gather every rank's ids, look up the local rows, sum back."""
@@ -188,9 +227,15 @@ class HorovodBackend(EmbeddingBackend):
         all_ids = comm.allgather(ids, name=self.collective_name(tag + "_ids"))
         all_lengths = (comm.allgather(lengths, name=self.collective_name(tag + "_lengths"))
                        if lengths is not None else None)
-        partial = pooled_lookup(var, all_ids, row_lengths=all_lengths, combiner=feature.combiner,
+        sequence = feature.multi_hot and feature.combiner is None
+        partial = pooled_lookup(var, all_ids, combiner=feature.combiner,
+                                row_lengths=None if sequence else all_lengths,
                                 row_range=(shard.row_start, shard.rows))
-        received, _ = comm.alltoall(partial, tf.fill([n], tf.cast(batch, tf.int32)),
+        if sequence:  # one row per id: each rank gets back as many rows as it sent ids
+            splits = tf.cast(tf.reduce_sum(tf.reshape(all_lengths, [n, -1]), axis=1), tf.int32)
+        else:
+            splits = tf.fill([n], tf.cast(batch, tf.int32))
+        received, _ = comm.alltoall(partial, splits,
                                     name=self.collective_name(tag + "_vectors"))
         return tf.reduce_sum(tf.reshape(received, [n, -1, var.shape[1]]), axis=0)
 

@@ -117,3 +117,21 @@ def to_ids(value, feature: str, multi_hot: bool):
         raise ValueError(f"Feature '{feature}' is one-hot in the schema but its input has "
                          f"{value.shape[-1]} ids per sample. Received: shape={value.shape}")
     return tf.cast(value, tf.int64), None
+
+
+def sequence_output(rows, value, dim: int):
+    """Un-pooled rows ``[ids, dim]`` (in flat-id order) shaped like the input ``value``:
+    ragged input -> ragged ``[B, None, dim]`` with the input's row splits; dense ``[B, k]`` /
+    ``[B, k, 1]`` -> dense ``[B, k, dim]`` (what ``mm.Embeddings`` returns)."""
+    if isinstance(value, tf.SparseTensor):
+        value = tf.RaggedTensor.from_sparse(value)
+    if isinstance(value, tf.RaggedTensor):
+        if value.shape.rank == 3:
+            value = value.merge_dims(1, 2)
+        return tf.RaggedTensor.from_row_splits(rows, value.row_splits, validate=False)
+    value = tf.convert_to_tensor(value)
+    k = value.shape[1] if value.shape.rank and value.shape.rank > 1 else 1
+    shape = tf.concat([tf.shape(value)[:1], [k if k is not None else -1, dim]], 0)
+    out = tf.reshape(rows, shape)
+    out.set_shape([value.shape[0], k, dim])
+    return out

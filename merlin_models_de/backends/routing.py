@@ -22,6 +22,7 @@ class Lookup:
     feature: int  # index into the ordered feature list
     shard: Shard
     multi_hot: bool
+    sequence: bool = False  # multi-hot and un-pooled: one vector per id, not per sample
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Routing:
         served = []
         for owner in range(n):
             mine = [s for s in plan.shards_on(owner) if s.kind in MODEL_PARALLEL]
-            lookups = [Lookup(i, s, f.multi_hot) for s in mine
+            lookups = [Lookup(i, s, f.multi_hot, f.multi_hot and f.combiner is None) for s in mine
                        for i, f in enumerate(features) if f.table == s.table]
             lookups.sort(key=lambda l: l.multi_hot)  # stable: one-hot first
             served.append(tuple(lookups))
@@ -77,8 +78,13 @@ class Routing:
         return cls(n, features, tuple(served), tuple(pieces))
 
     def width(self, owner: int) -> int:
-        """Output columns per sample that ``owner`` sends back to each rank."""
-        return sum(l.shard.cols for l in self.served[owner])
+        """Output columns per sample that ``owner`` sends back to each rank (pooled lookups;
+        un-pooled ones send one row per id, see :meth:`sequences`)."""
+        return sum(l.shard.cols for l in self.served[owner] if not l.sequence)
+
+    def sequences(self, owner: int) -> list[tuple[int, Lookup]]:
+        """``(index in served[owner], lookup)`` of the un-pooled lookups ``owner`` serves."""
+        return [(k, l) for k, l in enumerate(self.served[owner]) if l.sequence]
 
     def counts(self, owner: int) -> tuple[int, int]:
         """(one-hot lookups, multi-hot lookups) served by ``owner``."""

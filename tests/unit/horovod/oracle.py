@@ -28,6 +28,8 @@ def mixed_schema():
     ])
 
 
+# un-pooled lists (sequence_combiner=None) next to a pooled one
+SEQUENCE_COMBINERS = {"tags": None, "genres": "sum", "hist": None}
 DIMS = {"user": 8, "item": 8, "city": 8, "device": 6, "tags": 8, "genre": 8, "hist": 6}
 COMBINERS = {"tags": "mean", "genres": "sum", "hist": "sqrtn"}
 
@@ -69,7 +71,9 @@ def reference_forward(variables, features, inputs):
     out = {}
     for f in features:
         value = inputs[f.name]
-        if f.multi_hot:
+        if f.multi_hot and f.combiner is None:
+            out[f.name] = tf.gather(variables[f.table], value)  # ragged [B, None, dim]
+        elif f.multi_hot:
             out[f.name] = tf.nn.embedding_lookup_sparse(
                 variables[f.table], value.to_sparse(), None, combiner=f.combiner)
             # TF drops trailing empty rows; pad back to the batch
@@ -81,11 +85,25 @@ def reference_forward(variables, features, inputs):
 
 
 def loss_fn(outputs, features, probes, targets):
-    """Mean over samples of sum over features of (out . probe - target)^2."""
+    """Mean over samples of sum over features (and over positions of un-pooled lists) of
+    (out . probe - target)^2."""
     per_sample = 0.0
     for f in features:
-        per_sample += (tf.reduce_sum(outputs[f.name] * probes[f.name], axis=1) - targets) ** 2
+        dot = tf.reduce_sum(outputs[f.name] * probes[f.name], axis=-1)
+        if isinstance(dot, tf.RaggedTensor):
+            per_sample += tf.reduce_sum((dot - targets[:, None]) ** 2, axis=1)
+        else:
+            per_sample += (dot - targets) ** 2
     return tf.reduce_mean(per_sample)
+
+
+def to_numpy(value, lo=None, hi=None):
+    """Samples [lo, hi) of an output as arrays: (values, row lengths) when ragged."""
+    if lo is not None:
+        value = value[lo:hi]
+    if isinstance(value, tf.RaggedTensor):
+        return value.flat_values.numpy(), value.row_lengths().numpy()
+    return np.asarray(value)
 
 
 def make_probes(features, tables, seed):
@@ -98,7 +116,7 @@ def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targe
     """One process, global batch: returns (first outputs, per-step losses, final tables)."""
     variables = {name: tf.Variable(a) for name, a in arrays.items()}
     inputs = select(batch, 0, n_total)
-    first = {k: v.numpy() for k, v in reference_forward(variables, block.features, inputs).items()}
+    first = dict(reference_forward(variables, block.features, inputs))
     opt, losses = OPTIMIZERS[optimizer](), []
     for _ in range(steps):
         with tf.GradientTape() as tape:
@@ -123,7 +141,7 @@ def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, ta
     local_targets = tf.constant(targets[r * per_rank:(r + 1) * per_rank], tf.float32)
     block(inputs)
     block.set_global_weights(arrays)
-    first = {k: v.numpy() for k, v in block(inputs).items()}
+    first = {k: to_numpy(v) for k, v in block(inputs).items()}
     opt, losses = OPTIMIZERS[optimizer](), []
 
     def step(x):
