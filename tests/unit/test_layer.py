@@ -44,6 +44,40 @@ def test_outputs_equal_mm_embeddings(dataset, synthetic_schema):
         np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dataset", ["sequence-testing", "music-streaming"])
+def test_unpooled_sequences_equal_mm_embeddings(dataset, synthetic_schema):
+    """sequence_combiner=None: the same ragged [B, None, dim] (same row splits) as Merlin."""
+    schema, features = first_batch(dataset, synthetic_schema)
+    cats = schema.select_by_tag(Tags.CATEGORICAL).excluding_by_tag(Tags.TARGET)
+    reference = mm.Embeddings(cats, dim=8, sequence_combiner=None)
+    want = reference(features)
+    block = DistributedEmbeddings(schema, dim=8, sequence_combiner=None)
+    block(features)
+    copy_tables(reference, block)
+    got = block(features)
+    ragged = [k for k, v in want.items() if isinstance(v, tf.RaggedTensor)]
+    assert ragged, "the dataset has list features"
+    for key in want:
+        assert type(got[key]) is type(want[key]), key
+        if key in ragged:
+            assert got[key].row_splits.dtype == want[key].row_splits.dtype
+            np.testing.assert_array_equal(got[key].row_splits, want[key].row_splits)
+            got_v, want_v = got[key].flat_values, want[key].flat_values
+        else:
+            got_v, want_v = got[key], want[key]
+        np.testing.assert_allclose(got_v.numpy(), want_v.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_fixed_length_lists_come_back_dense():
+    schema = Schema([cat("user", 9), cat("tags", 4, multi_hot=True)])
+    block = DistributedEmbeddings(schema, dim=2, sequence_combiner=None)
+    for tags in (tf.constant([[1, 2, 3], [0, 1, 2]]), tf.constant([[[1], [2], [3]], [[0], [1], [2]]])):
+        out = block({"user": tf.constant([1, 2]), "tags": tags})["tags"]
+        assert isinstance(out, tf.Tensor) and out.shape == (2, 3, 2)
+        table = block.get_global_weights()["tags"]
+        np.testing.assert_allclose(out.numpy()[1, 2], table[2])
+
+
 def test_shared_table_is_one_table_with_two_features(synthetic_schema):
     schema, features = first_batch("music-streaming", synthetic_schema)
     block = DistributedEmbeddings(schema, dim=4)
@@ -127,8 +161,6 @@ def test_errors_name_the_feature_and_value():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"(?s)Every feature must have the batch size of feature 'user'.*user.*tags.*2, 3"):
         block({**ok, "tags": tf.ragged.constant([[1], [2], [3]], tf.int64)})
-    with pytest.raises(NotImplementedError, match=r"sequence_combiner=None for feature 'tags'"):
-        DistributedEmbeddings(schema, dim=2, sequence_combiner=None)
     with pytest.raises(ValueError, match=r"Received: backend='nccl'"):
         DistributedEmbeddings(schema, dim=2, backend="nccl")
     with pytest.raises(ValueError, match=r"Received: strategy='greedy'"):
