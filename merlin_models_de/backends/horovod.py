@@ -70,7 +70,7 @@ class HorovodBackend(EmbeddingBackend):
         self.anchor = layer.add_weight(name="exchange_anchor", shape=(), initializer="zeros",
                                        trainable=True)
 
-    def _empty(self):
+    def empty_send(self):
         """A watched empty send (see ``anchor``)."""
         return tf.zeros([0], self.dtype) + tf.cast(self.anchor, self.dtype) * 0
 
@@ -187,7 +187,7 @@ class HorovodBackend(EmbeddingBackend):
         if pooled:  # each [N*B, cols], rank-major rows
             flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled], axis=1), [-1])
         else:
-            flat = self._empty()
+            flat = self.empty_send()
         received, _ = comm.alltoall(flat, tf.fill([n], b * widths[self.rank]),
                                     name=self.collective_name("vectors"))
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
@@ -207,7 +207,7 @@ class HorovodBackend(EmbeddingBackend):
             for j, block in enumerate(tf.split(rows, per_rank, num=n)):
                 per_dest[j].append(tf.reshape(block, [-1]))
             splits += per_rank * cols
-        flat = tf.concat([t for dest in per_dest for t in dest], 0) if mine else self._empty()
+        flat = tf.concat([t for dest in per_dest for t in dest], 0) if mine else self.empty_send()
         received, _ = comm.alltoall(flat, splits, name=self.collective_name("sequences"))
         sizes = {}  # (owner, served index) -> flat size of my rows
         for j in range(n):
