@@ -17,7 +17,9 @@ def peak_rss_bytes() -> int:
 
 def embedding_bytes(block) -> int:
     """Bytes of the embedding variables this rank holds (shards and replicated tables)."""
-    return sum(v.shape.num_elements() * v.dtype.size for v in block.weights)
+    # tables are 2-D; the backend's scalar exchange anchor is not a table
+    return sum(v.shape.num_elements() * v.dtype.size for v in block.weights
+               if v.shape.rank == 2)
 
 
 class EpochReport(tf.keras.callbacks.Callback):
