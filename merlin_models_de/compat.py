@@ -196,14 +196,139 @@ def is_horovod_broadcast_callback(callback) -> bool:
 
 
 def create_optimizer_slots(optimizer, variables) -> None:
-    """Creates ``optimizer``'s slot variables for ``variables`` now (before restoring them)."""
+    """Creates ``optimizer``'s slot variables for ``variables`` now (before saving or restoring
+    them), the way its first training step would; a no-op for slots that exist.
+
+    Raises:
+        NotImplementedError: naming the optimizer, when part of its state lives outside the
+            variables it reports, so that no checkpoint could hold it: Keras' loss-scale
+            wrappers (the dynamic loss scale) and new-style optimizers holding other variables
+            (Keras 2.12's Nadam keeps ``u_product`` and a Python counter).
+    """
+    import tensorflow as tf
+
+    from merlin_models_de.variables import optimizer_variables
+
     if optimizer is None:
         return
-    inner = getattr(optimizer, "_optimizer", optimizer)  # Horovod's wrapper keeps the original
-    for opt in {id(optimizer): optimizer, id(inner): inner}.values():
-        if hasattr(opt, "_create_all_weights"):  # legacy Keras optimizers
-            opt._create_all_weights(variables)  # pylint: disable=protected-access
-            return
-        if hasattr(opt, "build") and not getattr(opt, "_built", True):
-            opt.build(variables)
-            return
+    name = type(optimizer).__name__
+    if getattr(optimizer, "inner_optimizer", None) is not None:
+        raise NotImplementedError(
+            f"Checkpoints cannot hold the state of {name}: its dynamic loss scale lives "
+            f"outside the optimizer's variables. Received: optimizer={name}")
+    if hasattr(optimizer, "optimizers_and_blocks"):  # Merlin's MultiOptimizer
+        # The same assignment of variables to optimizers as its apply_gradients makes.
+        optimizer.var_optimizer_dict = {}
+        optimizer._get_trainable_variables_optimizer_dict(  # pylint: disable=protected-access
+            optimizer.optimizers_and_blocks, require_disjoint=True)
+        optimizer._get_trainable_variables_optimizer_dict(  # pylint: disable=protected-access
+            optimizer.update_optimizers_and_blocks, require_disjoint=False)
+        groups: dict = {}
+        for var in variables:
+            owner = optimizer.var_optimizer_dict.get(var.ref(), optimizer.default_optimizer)
+            groups.setdefault(id(owner), (owner, []))[1].append(var)
+        for owner, owned in groups.values():
+            create_optimizer_slots(owner, owned)
+        return
+    if hasattr(optimizer, "_create_all_weights"):  # legacy Keras optimizers
+        optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+        return
+    optimizer.build(variables)  # new-style Keras optimizers; builds once
+    known = {v.ref() for v in optimizer_variables(optimizer)}
+    # Hyperparameters are variables too, but not state: a restore on another world size
+    # must keep the (scaled) learning rate it was compiled with.
+    hyper = ("_iterations", "_learning_rate", "_current_learning_rate")
+    hidden = sorted(attr for attr, value in vars(optimizer).items()
+                    if isinstance(value, tf.Variable) and attr not in hyper
+                    and value.ref() not in known)
+    if hidden:
+        raise NotImplementedError(
+            f"Checkpoints cannot hold the state of {name}: it keeps {', '.join(hidden)} "
+            f"outside its variables. Received: optimizer={name}")
+
+
+# ---- TensorFlow / Keras checkpoints: the block's tables, whatever the layout ----------------
+#
+# A TF checkpoint (and the variables of a SavedModel) matches objects by the names of their
+# dependencies. Named after this rank's layout (``mp_C1_c4``...), a block saved at one world
+# size finds nothing to match at another. So the block has one dependency per table (see
+# merlin_models_de/reload.py), given with the private Trackable hooks below.
+
+VALUE_KEY = "VARIABLE_VALUE"  # what TF calls a variable's one saved tensor
+
+
+def table_slice(storage, first_row, full_shape, start, size, dtype):
+    """A stand-in variable for this rank's rectangle of one table in checkpoints.
+
+    It saves the rectangle as a slice of a tensor of the table's full shape (the form of
+    TF's partitioned variables), and restores by reading only that rectangle from whatever
+    was saved (a whole table, or slices of it) into ``storage``. With ``storage`` None (no
+    shard of the table here) it saves and reads nothing. It is itself an empty variable:
+    functions in a SavedModel capture the table's variable, and only a variable can stand
+    for it (they are never run; the block is rebuilt from its config).
+
+    Args:
+        storage: The variable holding the rectangle on this rank, or None.
+        first_row: The rectangle's first row inside ``storage`` (backends may stack shards).
+        full_shape: ``(rows, dim)`` of the whole table.
+        start: ``(row, column)`` of the rectangle in the table.
+        size: ``(rows, columns)`` of the rectangle.
+        dtype: The table's dtype.
+    """
+    import tensorflow as tf
+
+    stand_in = tf.Variable(tf.zeros([0, full_shape[1]], dtype), trainable=False,
+                           name="mmde_table_slice")
+    spec = " ".join(str(d) for d in full_shape) + " " + ":".join(
+        f"{s},{n}" for s, n in zip(start, size))
+
+    def rows():
+        if first_row == 0 and tuple(storage.shape) == tuple(size):
+            return storage
+        return storage[first_row:first_row + size[0]]
+
+    def serialize():
+        return {} if storage is None else {VALUE_KEY: {spec: tf.convert_to_tensor(rows())}}
+
+    def restore(restored_tensors):
+        return tf.no_op() if storage is None else rows().assign(restored_tensors[VALUE_KEY])
+
+    # TF looks these hooks up on the instance first (saveable_object_util)
+    stand_in._serialize_to_tensors = serialize  # pylint: disable=protected-access
+    stand_in._restore_from_tensors = restore  # pylint: disable=protected-access
+    return stand_in
+
+
+class TableCheckpointMixin:
+    """Gives a Keras layer the checkpoint form it describes with two methods:
+
+    ``checkpoint_children(children)`` -> the ``{name: trackable}`` to save, from Keras' own;
+    ``checkpoint_dependency(name, found)`` -> the trackable a saved ``name`` stands for, given
+    what Keras found under that name (None: nothing).
+    """
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        return self.checkpoint_children(super()._trackable_children(save_type, **kwargs))
+
+    def _lookup_dependency(self, name, *args, **kwargs):
+        return self.checkpoint_dependency(name, super()._lookup_dependency(name, *args, **kwargs))
+
+
+def track_dependency(layer, name, trackable) -> None:
+    """Tracks ``trackable`` as ``layer``'s dependency ``name`` (a restore that was waiting for
+    that name, the model restored before it was built, happens now), and makes it the
+    attribute ``name`` without Keras' attribute tracking: Keras' SavedModel loader sets every
+    saved dependency it finds no attribute for, which would make a stand-in a weight."""
+    layer._track_trackable(trackable, name=name, overwrite=True)  # pylint: disable=protected-access
+    object.__setattr__(layer, name, trackable)
+
+
+def deferred_dependency_names(layer) -> list:
+    """Names of saved dependencies that a restore into the unbuilt ``layer`` is waiting for."""
+    return list(layer._deferred_dependencies)  # pylint: disable=protected-access
+
+
+def restore_deferred(layer, name, trackable) -> None:
+    """Restores into ``trackable`` what a restore saved under ``name`` was waiting for (a
+    saved name the layer does not track itself, such as an older layout's table name)."""
+    layer._handle_deferred_dependencies(name=name, trackable=trackable)  # pylint: disable=protected-access

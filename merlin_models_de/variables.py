@@ -59,36 +59,116 @@ def dense_weights(model, blocks=None) -> list:
 
 
 # ---- optimizer slots ------------------------------------------------------------------------
+#
+# Optimizers keep per-variable state ("slots") in three ways, all handled here:
+# - Keras' legacy optimizers (strings given to Merlin's compile become these; Merlin's LazyAdam
+#   is one): ``get_slot_names()`` / ``get_slot(var, name)``.
+# - Keras' new optimizers (``tf.keras.optimizers.*``) have no slot API. Each slot comes from
+#   ``add_variable_from_reference``, which (as documented) names it ``<slot>/<variable name>``,
+#   under whatever name scope was active when it was built: the suffix says whose slot it is,
+#   the segment before it which one.
+# - Containers: Merlin's ``MultiOptimizer`` (one optimizer per group of blocks) and Keras'
+#   loss-scale wrappers (``inner_optimizer``). Horovod's ``DistributedOptimizer`` subclasses
+#   the optimizer it wraps, so its slots are its own.
+
+
+def optimizer_parts(optimizer) -> list:
+    """``optimizer`` and every optimizer inside it, outermost first, each once; [] for None."""
+    out, todo = [], [optimizer]
+    while todo:
+        opt = todo.pop(0)
+        if opt is None or any(opt is seen for seen in out):
+            continue
+        out.append(opt)
+        todo += _inner_optimizers(opt)
+    return out
+
+
+def _inner_optimizers(optimizer) -> list:
+    inner = getattr(optimizer, "inner_optimizer", None)  # Keras' loss-scale wrappers
+    if inner is not None:
+        return [inner]
+    if hasattr(optimizer, "optimizers_and_blocks"):  # Merlin's MultiOptimizer
+        # its default optimizer, then the ones update() added: those override earlier ones
+        updates = getattr(optimizer, "update_optimizers_and_blocks", None) or []
+        return list(optimizer.optimizers) + [pair.optimizer for pair in updates]
+    return []
+
+
+def _slot_holders(optimizer) -> list:
+    """The optimizers that keep slots themselves (containers only delegate)."""
+    return [o for o in optimizer_parts(optimizer) if not _inner_optimizers(o)]
+
+
+def optimizer_variables(optimizer) -> list:
+    """The variables of one optimizer object (``variables`` is a method on legacy optimizers
+    and a property on new ones)."""
+    found = getattr(optimizer, "variables", None)
+    if found is None:
+        return []
+    return list(found() if callable(found) else found)
+
+
+def _is_legacy(optimizer) -> bool:
+    return hasattr(optimizer, "get_slot_names")
+
+
+def _named_slots(optimizer, var) -> dict:
+    """``{slot name: slot}`` of ``var`` in a new-style Keras optimizer, found by name."""
+    suffix = "/" + var.name
+    out = {}
+    for candidate in optimizer_variables(optimizer):
+        name = candidate.name
+        if name.endswith(suffix) and candidate is not var:
+            head = name[:-len(suffix)]
+            out[head.rsplit("/", 1)[-1]] = candidate
+    return out
+
+
+def _probe_slot_names(optimizer) -> list:
+    """The slot names a new-style optimizer creates, read off a fresh copy built for one
+    probe variable (they depend on its configuration: amsgrad, momentum, use_ema...)."""
+    import tensorflow as tf  # only here: the rest of this module needs no TensorFlow
+
+    fresh = type(optimizer).from_config(optimizer.get_config())
+    probe = tf.Variable(tf.zeros([1, 1], tf.float32), name="mmde_slot_probe")
+    fresh.build([probe])
+    return list(_named_slots(fresh, probe))
 
 
 def slot_names(optimizer) -> list:
-    """The slot names of an optimizer (legacy or new Keras); [] for None or none."""
-    if optimizer is None:
-        return []
-    inner = getattr(optimizer, "_optimizer", None)  # Horovod / loss-scale wrappers
-    if hasattr(optimizer, "get_slot_names"):
-        return list(optimizer.get_slot_names())
-    if inner is not None and inner is not optimizer:
-        return slot_names(inner)
-    return []
+    """The slot names of an optimizer (legacy or new Keras, or a container); [] for None."""
+    names = []
+    for holder in _slot_holders(optimizer):
+        found = holder.get_slot_names() if _is_legacy(holder) else _probe_slot_names(holder)
+        names += [n for n in found if n not in names]
+    return names
+
+
+def slots_of(optimizer, var) -> dict:
+    """``{slot name: slot variable}`` of ``var`` (only the slots that exist).
+
+    In a container the last optimizer holding slots of ``var`` wins: Merlin's MultiOptimizer
+    lets ``update()`` override an earlier assignment of a block.
+    """
+    found = {}
+    for holder in _slot_holders(optimizer):
+        if _is_legacy(holder):
+            mine = {}
+            for name in holder.get_slot_names():
+                try:
+                    mine[name] = holder.get_slot(var, name)
+                except (KeyError, ValueError, AttributeError):
+                    continue
+        else:
+            mine = _named_slots(holder, var)
+        found = mine or found
+    return found
 
 
 def slot(optimizer, var, name):
     """The optimizer's slot ``name`` of ``var``, or None where it has none (yet)."""
-    try:
-        return optimizer.get_slot(var, name)
-    except (KeyError, ValueError, AttributeError):
-        return None
-
-
-def slots_of(optimizer, var) -> dict:
-    """``{slot name: slot variable}`` of ``var`` (only the slots that exist)."""
-    out = {}
-    for name in slot_names(optimizer):
-        s = slot(optimizer, var, name)
-        if s is not None:
-            out[name] = s
-    return out
+    return slots_of(optimizer, var).get(name)
 
 
 def local_slot_refs(optimizer, variables) -> set:

@@ -1,5 +1,5 @@
-"""Job for the fault test (run under horovodrun): trains with checkpoints every 2 steps;
-rank 1 kills itself with SIGKILL at step 5, mid-epoch."""
+"""Job for the fault test (run under horovodrun): trains with checkpoints every 2 steps,
+keeping the newest one only; rank 1 kills itself with SIGKILL at step 5, mid-epoch."""
 import os
 import signal
 import sys
@@ -30,7 +30,8 @@ def main(directory):
     model.compile(optimizer=fc.optimizer("adagrad", 0.05))
     model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=8, epochs=1,
               shuffle=False, verbose=0,
-              callbacks=[CheckpointCallback(directory, every_n_steps=2, each_epoch=False), Die()])
+              callbacks=[CheckpointCallback(directory, every_n_steps=2, each_epoch=False, keep=1),
+                         Die()])
     np.save(os.path.join(directory, "finished.npy"), np.array([1]))
 
 

@@ -1,5 +1,5 @@
-"""A rank killed mid-epoch: horovodrun exits non-zero within a bounded time (no hang), and
-the last checkpoint restores into a plain single process."""
+"""A rank killed mid-epoch: horovodrun exits non-zero within a bounded time (no hang), the
+last checkpoint (the only one, with keep=1) restores into a plain single process."""
 import os
 import subprocess
 import sys
@@ -23,8 +23,9 @@ def test_killed_rank_ends_the_job_and_the_last_checkpoint_restores(tmp_path):
     assert run.returncode != 0, run.stdout[-2000:]
     assert elapsed < 300, f"horovodrun took {elapsed:.0f}s to notice the dead rank"
     assert not os.path.exists(os.path.join(directory, "finished.npy"))
-    # steps 2 and 4 were checkpointed before rank 1 died at step 5
+    # steps 2 and 4 were checkpointed before rank 1 died at step 5; keep=1 removed step 2
     assert latest_checkpoint(directory).endswith("ckpt-000000004")
+    assert sorted(os.listdir(directory)) == ["ckpt-000000004", "latest"]
 
     from tests.unit.horovod import fit_common as fc
 

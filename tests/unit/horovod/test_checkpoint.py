@@ -1,16 +1,20 @@
-"""Sharded checkpoints: resume equals an uninterrupted run; restore across world sizes and
-strategies; clear errors on mismatch; a crash mid-save keeps the last checkpoint."""
+"""Sharded checkpoints: resume equals an uninterrupted run (optimizer state included);
+restore across world sizes and strategies; clear errors on mismatch, raised on every rank
+when one rank finds a bad file; a crash mid-save keeps the last checkpoint."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.checkpoint import (latest_checkpoint, read_full_tables,
+from merlin_models_de.checkpoint import (CheckpointError, latest_checkpoint, read_full_tables,
                                          restore_checkpoint, save_checkpoint)
+from merlin_models_de.variables import optimizer_parts, optimizer_variables, slots_of
 from tests.unit.horovod import fit_common as fc
 
 PER_RANK = 16
@@ -31,11 +35,32 @@ def rank_data(data, spec):
     return {k: v[rows] for k, v in x.items()}, y[rows]
 
 
+def make_optimizer(name, lr):
+    """The legacy optimizers of fit_common, and Keras' new-style ones as ``keras_<name>``."""
+    new_style = {"keras_adagrad": tf.keras.optimizers.Adagrad,
+                 "keras_nadam": tf.keras.optimizers.Nadam}
+    return new_style[name](lr) if name in new_style else fc.optimizer(name, lr)
+
+
 def compiled(spec, x):
     model = fc.build_model(spec)
     model(fc.take(x, 0, 2))
-    model.compile(optimizer=fc.optimizer(spec["optimizer"], spec["lr"]))
+    model.compile(optimizer=make_optimizer(spec["optimizer"], spec["lr"]))
     return model
+
+
+def optimizer_state(model):
+    """{what: array} of this rank: every slot of every weight, and the other optimizer
+    variables (iterations)."""
+    opt, out, seen = model.optimizer, {}, set()
+    for i, w in enumerate(model.weights):
+        for name, s in slots_of(opt, w).items():
+            out[f"{i}/{name}"] = s.numpy()
+            seen.add(s.ref())
+    others = [v for p in optimizer_parts(opt) for v in optimizer_variables(p)]
+    for j, v in enumerate(v for v in others if v.ref() not in seen):
+        out[f"other/{j}"] = v.numpy()
+    return out
 
 
 def fit(model, x, y):
@@ -54,8 +79,9 @@ def assert_same_checkpoint_contents(a, b):
                                            err_msg=f"{table}/{what}")
 
 
-def test_resume_equals_an_uninterrupted_run(hvd, tmp_path_factory):
-    spec = spec_for("memory_balanced", column=4000)
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "keras_adagrad"])
+def test_resume_equals_an_uninterrupted_run(hvd, tmp_path_factory, optimizer):
+    spec = spec_for("memory_balanced", column=4000, optimizer=optimizer)
     data = comm.broadcast_object(fc.make_data(4 * comm.size() * PER_RANK, seed=5))
     half = len(data["label"]) // 2
     first = {k: v[:half] for k, v in data.items()}
@@ -67,12 +93,17 @@ def test_resume_equals_an_uninterrupted_run(hvd, tmp_path_factory):
     model = compiled(spec, x1)
     fit(model, x1, y1)
     save_checkpoint(model, directory)
+    saved = optimizer_state(model)
     fit(model, x2, y2)
     uninterrupted = fc.snapshot(model)
 
     resumed = compiled(spec, x1)
     manifest = restore_checkpoint(resumed, directory)
     assert manifest["step"] == 2 and manifest["world_size"] == comm.size()
+    restored = optimizer_state(resumed)
+    assert restored.keys() == saved.keys() and len(saved) > 2
+    for key, value in saved.items():
+        np.testing.assert_array_equal(restored[key], value, err_msg=key)
     fit(resumed, x2, y2)
     for key, value in fc.snapshot(resumed).items():
         np.testing.assert_allclose(value, uninterrupted[key], rtol=1e-5, atol=1e-6, err_msg=key)
@@ -144,5 +175,51 @@ def test_interrupted_save_keeps_the_last_checkpoint(hvd, tmp_path_factory):
     if comm.rank() == 0:  # what a crash mid-save leaves: a partial temporary directory
         os.makedirs(os.path.join(directory, ".tmp-crashed", "tables"))
     comm.barrier()
-    assert latest_checkpoint(directory) == first
+    assert latest_checkpoint(directory) == os.path.realpath(first)
     assert restore_checkpoint(model, directory)["step"] == 1
+    # the next save removes the leftover; keep=1 the older checkpoint; a re-save of the
+    # step gets a new name, and the copy it replaces goes once `latest` names the new one
+    save_checkpoint(model, directory, step=2, keep=1)
+    again = save_checkpoint(model, directory, step=2, keep=1)
+    comm.barrier()
+    assert sorted(os.listdir(directory)) == ["ckpt-000000002-1", "latest"]
+    assert latest_checkpoint(directory) == os.path.realpath(again)
+    assert restore_checkpoint(model, directory)["step"] == 2
+
+
+def test_a_bad_file_on_one_rank_fails_every_rank(hvd, tmp_path_factory):
+    x, directory, model = small_run(tmp_path_factory, "bad_file", seed=10)
+    path = save_checkpoint(model, directory)
+    # a shard only the last rank saved (same plan: only that rank reads it when restoring)
+    reader = comm.size() - 1
+    bad = os.path.realpath(os.path.join(path, [
+        f for f in sorted(os.path.relpath(os.path.join(d, n), path)
+                          for d, _, names in os.walk(path) for n in names)
+        if os.path.basename(f) == f"table-r{reader}.npy"][0]))
+    if comm.rank() == 0:
+        with open(bad, "r+b") as f:
+            f.truncate(os.path.getsize(bad) - 4)
+    comm.barrier()
+
+    other = compiled(spec_for(), x)
+    before = [w.numpy() for w in other.weights]
+    own = f"{re.escape(bad)} is truncated"
+    expected = own if comm.rank() == reader else f"failed on rank {reader}: .*{own}"
+    with pytest.raises(CheckpointError, match=expected):
+        restore_checkpoint(other, directory)
+    for got, want in zip([w.numpy() for w in other.weights], before):
+        np.testing.assert_array_equal(got, want)
+    comm.barrier()
+
+
+def test_an_unsupported_optimizer_is_named_on_every_rank(hvd, tmp_path_factory):
+    data = comm.broadcast_object(fc.make_data(comm.size() * PER_RANK, seed=11))
+    spec = spec_for(optimizer="keras_nadam")
+    x, y = rank_data(data, spec)
+    model = compiled(spec, x)
+    fit(model, x, y)
+    directory = shared_dir(tmp_path_factory, "unsupported")
+    with pytest.raises(NotImplementedError, match="state of Nadam.*Received: optimizer=Nadam"):
+        save_checkpoint(model, directory)
+    comm.barrier()
+    assert os.listdir(directory) == []

@@ -1,0 +1,64 @@
+"""A small one-process model for the checkpoint tests: an embedding block and a dense head."""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+COLUMNS = ("a", "b", "c")
+ROWS = (50, 30, 10)
+
+
+def schema(columns=COLUMNS):
+    from merlin.schema import Schema
+
+    from tests.unit.helpers import cat
+
+    return Schema([cat(name, rows - 1) for name, rows in zip(columns, ROWS)])
+
+
+class Tiny(tf.keras.Model):
+    """The block's outputs, concatenated, into one dense unit."""
+
+    def __init__(self, columns=COLUMNS, dim=4):
+        from merlin_models_de import DistributedEmbeddings
+
+        super().__init__()
+        self.emb = DistributedEmbeddings(schema(columns), dim=dim)
+        self.head = tf.keras.layers.Dense(1)
+
+    def call(self, inputs):
+        out = self.emb(inputs)
+        return self.head(tf.concat([out[k] for k in sorted(out)], axis=1))
+
+
+def data(rows=64, seed=0, columns=COLUMNS):
+    rng = np.random.default_rng(seed)
+    x = {c: rng.integers(0, 10, (rows, 1)) for c in columns}
+    return x, rng.random((rows, 1)).astype(np.float32)
+
+
+def build(optimizer=None, seed=1, columns=COLUMNS):
+    """A built Tiny model (compiled when ``optimizer`` is given: a zero-argument factory)."""
+    tf.keras.utils.set_random_seed(seed)
+    model = Tiny(columns)
+    x, _ = data(columns=columns)
+    model({k: v[:2] for k, v in x.items()})
+    if optimizer is not None:
+        model.compile(optimizer(), "mse")
+    return model
+
+
+def fit(model, steps=4, seed=0):
+    x, y = data(16 * steps, seed, columns=[f.name for f in model.emb.features])
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+
+def weights(model):
+    """Every weight of the model, by position."""
+    return [w.numpy() for w in model.weights]
+
+
+def files_under(root):
+    """Every file below ``root``, relative to it."""
+    return sorted(os.path.relpath(os.path.join(d, f), root)
+                  for d, _, files in os.walk(root) for f in files)
