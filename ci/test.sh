@@ -34,7 +34,7 @@ run_stage "single-process tests" \
     -p no:cacheprovider --timeout=600 -q "$@"
 
 run_stage "horovodrun -np $NP tests" \
-  timeout --kill-after=30 1500 horovodrun --gloo -np "$NP" -H "localhost:$NP" \
+  timeout --kill-after=30 1500 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
     python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
 
 if [[ $STATUS -eq 0 ]]; then echo "[test] ALL STAGES PASSED"; else echo "[test] SOME STAGES FAILED"; fi

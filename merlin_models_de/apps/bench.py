@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.backends.registry import AUTO, BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--np", type=int, default=2, help="ranks of the multi-process runs")
     ap.add_argument("--hosts", default=None, help="horovodrun -H (default localhost:NP)")
+    ap.add_argument("--network-interface", default=None,
+                    help="interface the ranks talk over (default: lo when --hosts is not given; "
+                         "with --hosts, Horovod's choice)")
     ap.add_argument("--rows", type=int, default=20480)
     ap.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
     ap.add_argument("--epochs", type=int, default=3, help="1 cold + the rest warm")
@@ -81,11 +85,26 @@ def _runs(args) -> list[dict]:
     return [r for r in runs if r["name"].split("/")[-1] not in skip and r["name"] not in skip]
 
 
+def horovodrun(ranks: int, command: list, hosts: str | None = None,
+               network_interface: str | None = None) -> list:
+    """The horovodrun command line for ``command`` on ``ranks`` ranks.
+
+    Local runs (no ``hosts``) keep Gloo's traffic and Horovod's driver address on loopback;
+    Horovod's rendezvous server still listens on every interface (no option changes that).
+
+    Example:
+        >>> horovodrun(2, ["python", "job.py"])[:7]
+        ['horovodrun', '--gloo', '-np', '2', '-H', 'localhost:2', '--network-interface']
+    """
+    nic = network_interface or (None if hosts else "lo")
+    return (["horovodrun", "--gloo", "-np", str(ranks), "-H", hosts or f"localhost:{ranks}"]
+            + (["--network-interface", nic] if nic else []) + list(command))
+
+
 def _launch(run, args, report) -> tuple[int, float, str]:
     cmd = [sys.executable, "-m", "merlin_models_de.apps.dlrm", *run["args"], "--report", report]
     if run["ranks"] > 1:
-        hosts = args.hosts or f"localhost:{run['ranks']}"
-        cmd = ["horovodrun", "--gloo", "-np", str(run["ranks"]), "-H", hosts, *cmd]
+        cmd = horovodrun(run["ranks"], cmd, args.hosts, args.network_interface)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
     t0 = time.perf_counter()
     try:
@@ -137,6 +156,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     """Runs every benchmark in turn; returns non-zero when one failed."""
+    quiet_imports()
     args = _parser().parse_args(argv)
     for s in args.strategies.split(","):
         if s not in STRATEGIES:

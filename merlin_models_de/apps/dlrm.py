@@ -13,20 +13,27 @@ Examples:
     horovodrun -np 8 -H a:4,b:4 merlin-models-de-dlrm --train-dir /data/train --valid-dir /data/valid \\
         --strategy memory_optimized --column-slice-threshold 16777216 --optimizer adagrad
 
-Options are checked before TensorFlow loads; a bad one exits with status 2 and one line.
+Options are checked before TensorFlow loads; a bad one exits with status 2 and one line
+(under horovodrun every rank exits 2; rank 0 prints the line, and a problem that depends on
+the host, such as a missing directory, is also printed by the first rank of each host that
+sees it). A run resumed from a checkpoint written mid-epoch continues that epoch after its
+last trained batch, so every batch is trained once.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import socket
 import sys
 import time
 
+from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.comm import launch_env
 from merlin_models_de.planner import STRATEGIES, validate_options
-from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
+from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in, synthetic_dataset_names
 
 STARTED = time.perf_counter()
 EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
@@ -62,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--dataset", default="criteo", help="Merlin synthetic schema to imitate")
     data.add_argument("--max-table-rows", type=int, default=None,
                       help="cap every synthetic table at this many rows (quick runs)")
-    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--seed", type=int, default=0, help="seed of the data and initial weights")
     data.add_argument("--train-dir", default=None, help="parquet files + Merlin schema")
     data.add_argument("--valid-dir", default=None)
     model = ap.add_argument_group("model and training")
@@ -86,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     out = ap.add_argument_group("output")
     out.add_argument("--checkpoint-dir", default=None, help="save each epoch; resume from it")
     out.add_argument("--checkpoint-every", type=int, default=None, help="also every N steps")
+    out.add_argument("--checkpoint-keep", type=int, default=None,
+                     help="keep only the N newest checkpoints (default: all)")
     out.add_argument("--export", default=None, help="SavedModel path (single-process model)")
     out.add_argument("--report", default=None, help="JSON run report path")
     out.add_argument("--cpu-threads", type=int, default=None,
@@ -99,35 +108,35 @@ def world() -> tuple[int, int, int]:
     return launch_env()
 
 
-def check(args) -> str | None:
-    """The first problem with ``args`` as one line, or None. No TensorFlow, no Horovod."""
+def check_options(args) -> str | None:
+    """The first problem with the options themselves, or None; the same on every rank."""
     size = world()[0]
     for name in ("rows", "batch_size", "epochs", "dim"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1. Received: {getattr(args, name)}"
-    for name in ("valid_rows", "max_table_rows", "checkpoint_every", "cpu_threads"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "valid_rows" else 1):
-            return f"--{name.replace('_', '-')} is out of range. Received: {value}"
-    if args.learning_rate is not None and not args.learning_rate > 0:
-        return f"--learning-rate must be > 0. Received: {args.learning_rate}"
-    if args.backend != "auto" and not is_installed(args.backend):
-        return ("--backend distributed-embeddings needs NVIDIA distributed-embeddings "
-                "(scripts/install_distributed_embeddings.sh). Received: "
-                "--backend=distributed-embeddings")
+    for name in ("valid_rows", "max_table_rows", "checkpoint_every", "checkpoint_keep",
+                 "cpu_threads"):
+        value, least = getattr(args, name), (0 if name == "valid_rows" else 1)
+        if value is not None and value < least:
+            flag = "--" + name.replace("_", "-")
+            return f"{flag} must be >= {least}. Received: {flag}={value}"
+    lr = args.learning_rate
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        return f"--learning-rate must be a finite number > 0. Received: --learning-rate={lr}"
+    for flag in ("checkpoint_every", "checkpoint_keep"):
+        if getattr(args, flag) is not None and not args.checkpoint_dir:
+            name = "--" + flag.replace("_", "-")
+            return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
-    for flag, path in (("--train-dir", args.train_dir), ("--valid-dir", args.valid_dir)):
-        if path is None:
-            continue
-        if not os.path.isdir(path):
-            return f"{flag} is not a directory. Received: {flag}={path!r}"
-        if schema_file_in(path) is None:
-            return (f"{flag} has no Merlin schema ({' or '.join(SCHEMA_FILES)}; "
-                    f"NVTabular writes one). Received: {flag}={path!r}")
-    if not args.train_dir and args.rows < args.batch_size * size:
-        return (f"--rows must hold at least one global batch (batch size {args.batch_size} x "
-                f"{size} ranks). Received: --rows={args.rows}")
+    if not args.train_dir:
+        names = synthetic_dataset_names()  # read from Merlin's source: no TensorFlow yet
+        if names is not None and args.dataset not in names:
+            return (f"--dataset must name a Merlin synthetic dataset ({', '.join(names)}). "
+                    f"Received: --dataset={args.dataset!r}")
+        if args.rows < args.batch_size * size:
+            return (f"--rows must hold at least one global batch (batch size {args.batch_size} "
+                    f"x {size} ranks). Received: --rows={args.rows}")
     try:
         validate_options(size, args.strategy, args.column_slice_threshold,
                          args.row_slice_threshold, args.data_parallel_threshold)
@@ -136,14 +145,51 @@ def check(args) -> str | None:
     return None
 
 
+def check_host(args) -> str | None:
+    """The first problem this host has with the options (files, installed packages), or None.
+
+    May differ between hosts, so every host checks for itself.
+    """
+    if args.backend != "auto" and not is_installed(args.backend):
+        return ("--backend distributed-embeddings needs NVIDIA distributed-embeddings "
+                "(scripts/install_distributed_embeddings.sh). Received: "
+                "--backend=distributed-embeddings")
+    for flag, path in (("--train-dir", args.train_dir), ("--valid-dir", args.valid_dir)):
+        if path is None:
+            continue
+        if not os.path.isdir(path):
+            return f"{flag} is not a directory. Received: {flag}={path!r}"
+        if schema_file_in(path) is None:
+            return (f"{flag} has no Merlin schema ({' or '.join(SCHEMA_FILES)}; "
+                    f"NVTabular writes one). Received: {flag}={path!r}")
+    return None
+
+
+def check(args) -> str | None:
+    """The first problem with ``args`` as one line, or None. No TensorFlow, no Horovod."""
+    return check_options(args) or check_host(args)
+
+
+def _report_problem(problem: str, host_dependent: bool) -> None:
+    """One line on stderr from rank 0; a host-dependent problem also from the first rank of
+    every other host (rank 0 may not see it; the other ranks of a host see what it sees)."""
+    rank = world()[1]
+    if rank == 0:
+        print(f"error: {problem}", file=sys.stderr)
+    elif host_dependent and os.environ.get("HOROVOD_LOCAL_RANK", "0") == "0":
+        host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        print(f"error (rank {rank}, host {host}): {problem}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     """Entry point (console script ``merlin-models-de-dlrm``); returns the exit code."""
+    quiet_imports()
     args = parser().parse_args(argv)
-    problem = check(args)
-    if problem:
-        if world()[1] == 0:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
+    problem = check_options(args)
+    host_problem = None if problem else check_host(args)
+    if problem or host_problem:
+        _report_problem(problem or host_problem, host_dependent=bool(host_problem))
+        return 2  # every rank: horovodrun then stops the job with a non-zero status
     from merlin_models_de.apps.dlrm_run import run
 
     report = run(args, STARTED)

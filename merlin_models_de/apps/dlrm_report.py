@@ -16,8 +16,11 @@ def peak_rss_bytes() -> int:
 
 
 def embedding_bytes(block) -> int:
-    """Bytes of the embedding variables this rank holds (shards and replicated tables)."""
-    # tables are 2-D; the backend's scalar exchange anchor is not a table
+    """Bytes of the embedding tables this rank holds (shards and replicated tables).
+
+    Tables are the 2-D weights: a backend's scalar helpers (the Horovod backend's exchange
+    anchor) hold no embeddings.
+    """
     return sum(v.shape.num_elements() * v.dtype.size for v in block.weights
                if v.shape.rank == 2)
 
@@ -28,11 +31,14 @@ class EpochReport(tf.keras.callbacks.Callback):
     Collective at each epoch end (every rank must use it). Rank 0 prints one line per epoch.
     """
 
-    def __init__(self, args, block, steps: int, threads: int, started: float, phases=None):
+    def __init__(self, args, block, steps: int, threads: int, started: float, phases=None,
+                 resumed=None):
         super().__init__()
         self.phases = dict(phases or {})  # seconds since start at which each phase ended
         self.args, self.block, self.steps, self.threads = args, block, steps, threads
         self.started, self.first_step, self.epochs = started, None, []
+        self.resumed = resumed  # where a resumed run started (checkpoint, step, skipped)
+        self._batches = 0  # this epoch's: a resumed epoch runs only its remaining batches
         self.global_batch = args.batch_size * comm.size()
         self._t0 = self._last = None
         self._supports_tf_logs = True  # logs are read once per epoch: no per-step numpy copy
@@ -51,10 +57,11 @@ class EpochReport(tf.keras.callbacks.Callback):
         self.phases.setdefault("first_step_started", time.perf_counter() - self.started)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._t0 = time.perf_counter()
+        self._t0, self._batches = time.perf_counter(), 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._last = time.perf_counter()
+        self._batches += 1
         if self.first_step is None:
             self.first_step = self.phases["first_step"] = self._last - self.started
 
@@ -64,26 +71,27 @@ class EpochReport(tf.keras.callbacks.Callback):
         mine = {"embedding_bytes": embedding_bytes(self.block), "peak_rss_bytes": peak_rss_bytes(),
                 "loss": float(logs.get("loss", float("nan")))}
         ranks = comm.allgather_object(mine, name=f"mmde_report_epoch{epoch}")
-        entry = {"epoch": epoch + 1, "train_seconds": seconds,
-                 "samples_per_second": self.steps * self.global_batch / seconds,
+        entry = {"epoch": epoch + 1, "steps": self._batches, "train_seconds": seconds,
+                 "samples_per_second": self._batches * self.global_batch / seconds,
                  "loss": sum(r["loss"] for r in ranks) / len(ranks),
                  "val_auc": _get(logs, "val_auc"), "val_logloss": _get(logs, "val_logloss"),
                  "embedding_bytes": [r["embedding_bytes"] for r in ranks],
                  "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks]}
         self.epochs.append(entry)
         if comm.rank() == 0:
-            print(_line(entry), flush=True)
+            print(_line(entry, self.steps), flush=True)
 
     def finish(self) -> dict:
         """The run report (JSON-ready)."""
         warm = self.epochs[1:]
-        warm_sps = (len(warm) * self.steps * self.global_batch
+        warm_sps = (sum(e["steps"] for e in warm) * self.global_batch
                     / sum(e["train_seconds"] for e in warm)) if warm else None
         plan = getattr(self.block, "plan", None)
         return {"command": "merlin_models_de.dlrm", "options": vars(self.args),
                 "world_size": comm.size(), "cpu_threads": self.threads,
                 "backend": getattr(self.block, "backend_name", "mm.Embeddings"),
                 "steps_per_epoch": self.steps, "global_batch": self.global_batch,
+                "resumed": self.resumed,
                 "time_to_first_step": self.first_step, "phases": self.phases,
                 "first_epoch_samples_per_second":
                     self.epochs[0]["samples_per_second"] if self.epochs else None,
@@ -98,11 +106,12 @@ def _get(logs, key):
     return None if value is None else float(value)
 
 
-def _line(e) -> str:
+def _line(e, steps: int) -> str:
     mem = " ".join(f"r{i}={human_bytes(b)}/{human_bytes(r)}"
                    for i, (b, r) in enumerate(zip(e["embedding_bytes"], e["peak_rss_bytes"])))
     val = "" if e["val_auc"] is None else \
         f" val_auc={e['val_auc']:.4f} val_logloss={e['val_logloss']:.4f}"
-    return (f"epoch {e['epoch']}: {e['samples_per_second']:,.0f} samples/s "
+    part = "" if e["steps"] == steps else f" ({e['steps']} of {steps} steps: resumed)"
+    return (f"epoch {e['epoch']}{part}: {e['samples_per_second']:,.0f} samples/s "
             f"({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "
             f"embeddings/peak RSS per rank: {mem}")

@@ -96,13 +96,84 @@ def _equal_steps(loader, name) -> int:
     return min(counts)
 
 
-def run(args, started: float) -> dict:
-    """Trains, evaluates, checkpoints and exports as ``args`` say; returns the report."""
+class RestOfEpoch(tf.keras.utils.Sequence):
+    """A Merlin loader's batches after its first ``skip``: the rest of a resumed epoch.
+
+    Merlin's loader hands out its next batch whatever index Keras asks for, and starts over
+    when its length is read (Keras reads it before every pass); this does the same and skips
+    ``skip`` batches after each start, so Keras sees batches ``skip .. steps - 1``.
+    """
+
+    def __init__(self, loader, skip: int, steps: int):
+        super().__init__()
+        self.loader, self.skip, self.steps = loader, skip, steps
+        self._start = True
+
+    def __len__(self):
+        self._start = True
+        return self.steps - self.skip
+
+    def __getitem__(self, index):
+        if self._start:
+            len(self.loader)  # Merlin's loader: back to its first batch
+            for _ in range(self.skip):
+                next(self.loader)
+            self._start = False
+        return next(self.loader)
+
+    def on_epoch_end(self):
+        self._start = True
+        self.loader.on_epoch_end()
+
+
+def resume_point(step: int, steps: int, epochs: int) -> tuple[int, int]:
+    """``(epoch, batches)``: the 0-based epoch a checkpoint at ``step`` resumes, and how many
+    of its batches were trained already (0 at an epoch boundary or when training is done).
+
+    Example:
+        >>> resume_point(24, 16, 3)
+        (1, 8)
+    """
+    epoch, done = divmod(step, steps)
+    return (epochs, 0) if epoch >= epochs else (epoch, done)
+
+
+def _restore(args, model, steps, size):
+    """Restores ``--checkpoint-dir`` if it holds a checkpoint; returns (epoch, batches done,
+    what the report records)."""
+    from merlin_models_de.checkpoint import latest_checkpoint, restore_checkpoint
+
+    if not (args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir)):
+        return 0, 0, None
+    path = latest_checkpoint(args.checkpoint_dir)
+    manifest = restore_checkpoint(model, args.checkpoint_dir)
+    step = manifest["step"]
+    epoch, done = resume_point(step, steps, args.epochs)
+    if comm.rank() == 0:
+        more = (f"; epoch {epoch + 1} goes on after its first {done} of {steps} batches"
+                if done else "")
+        print(f"Resumed from {path} (step {step}, epoch {epoch}{more})")
+        if manifest.get("world_size", size) != size:
+            # a step of another world size covers another number of rows: positions differ
+            print(f"note: the checkpoint was written by {manifest['world_size']} ranks, this "
+                  f"run has {size}: its step {step} is taken as a step of this run "
+                  f"({args.batch_size * size} rows each), so some rows may be trained twice "
+                  f"or skipped")
+    return epoch, done, {"checkpoint": path, "step": step, "epoch": epoch, "skipped_batches": done}
+
+
+def run(args, started: float, callbacks=()) -> dict:
+    """Trains, evaluates, checkpoints and exports as ``args`` say; returns the report.
+
+    Args:
+        args: The parsed and checked options (:func:`merlin_models_de.apps.dlrm.parser`).
+        started: ``time.perf_counter()`` at process start (the report times phases from it).
+        callbacks: Extra Keras callbacks, run after the report and the checkpoint ones.
+    """
     threads = configure_threads(args.cpu_threads)
     import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
 
-    from merlin_models_de.checkpoint import (CheckpointCallback, latest_checkpoint,
-                                             restore_checkpoint)
+    from merlin_models_de.checkpoint import CheckpointCallback
     from merlin_models_de.apps.dlrm_report import EpochReport
     from merlin_models_de.export import sample_batch
 
@@ -112,28 +183,32 @@ def run(args, started: float) -> dict:
     phases["data"] = time.perf_counter() - started
     steps = _equal_steps(train, "train")
     valid_steps = _equal_steps(valid, "valid") if valid is not None else None
+    # same initial weights for the same --seed (the broadcast then evens dense weights out;
+    # the rank offset keeps one rank's shards from repeating another's values)
+    tf.keras.utils.set_random_seed(args.seed + rank)
     model, emb = _model(args, schema)
     model(sample_batch(schema))
     phases["model_built"] = time.perf_counter() - started
     model.compile(optimizer=_optimizer(args),
                   metrics=[tf.keras.metrics.AUC(name="auc"),
                            tf.keras.metrics.BinaryCrossentropy(name="logloss")])
-    initial_epoch = 0
-    if args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir):
-        manifest = restore_checkpoint(model, args.checkpoint_dir)
-        initial_epoch = min(args.epochs, manifest["step"] // steps)
-        if rank == 0:
-            print(f"Resumed from {latest_checkpoint(args.checkpoint_dir)} (step "
-                  f"{manifest['step']}, epoch {initial_epoch})")
-    reporter = EpochReport(args, emb, steps, threads, started, phases)
+    epoch, done, resumed = _restore(args, model, steps, size)
+    reporter = EpochReport(args, emb, steps, threads, started, phases, resumed=resumed)
     if rank == 0:
         print(reporter.placement())
-    callbacks = [reporter]
+    ours = [reporter]
     if args.checkpoint_dir:
-        callbacks.append(CheckpointCallback(args.checkpoint_dir, args.checkpoint_every))
-    model.fit(train, epochs=args.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-              validation_data=valid, validation_steps=valid_steps, callbacks=callbacks,
-              verbose=0 if (args.quiet or rank != 0) else 2)
+        keep = {} if args.checkpoint_keep is None else {"keep": args.checkpoint_keep}
+        ours.append(CheckpointCallback(args.checkpoint_dir, args.checkpoint_every, **keep))
+    fit = dict(validation_data=valid, validation_steps=valid_steps,
+               callbacks=ours + list(callbacks),
+               verbose=0 if (args.quiet or rank != 0) else 2)
+    if done:  # the interrupted epoch: only the batches it had not trained yet
+        model.fit(RestOfEpoch(train, done, steps), epochs=epoch + 1, initial_epoch=epoch,
+                  steps_per_epoch=steps - done, **fit)
+        epoch += 1
+    if epoch < args.epochs:
+        model.fit(train, epochs=args.epochs, initial_epoch=epoch, steps_per_epoch=steps, **fit)
     if args.export:
         model.save(args.export)
     report = reporter.finish()

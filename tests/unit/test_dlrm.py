@@ -18,12 +18,13 @@ QUICK = ["--max-table-rows", "1000", "--batch-size", "64", "--dim", "8", "--bott
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
 
 
-def _run(args, ranks=1, timeout=600):
+def _run(args, ranks=1, timeout=600, env=None):
     cmd = [sys.executable, "-m", "merlin_models_de.dlrm", *args]
-    if ranks > 1:
-        cmd = [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV,
-                          check=False)
+    if ranks > 1:  # local ranks: Gloo and the driver address on loopback
+        cmd = [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}",
+               "--network-interface", "lo", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env or ENV, check=False)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -33,6 +34,15 @@ def _run(args, ranks=1, timeout=600):
     (["--rows", "100", "--batch-size", "512"], "--rows must hold at least one global batch"),
     (["--valid-dir", "/tmp"], "--valid-dir needs --train-dir"),
     (["--column-slice-threshold", "0"], "column_slice_threshold"),
+    (["--learning-rate", "inf"], "--learning-rate must be a finite number > 0. "
+                                 "Received: --learning-rate=inf"),
+    (["--learning-rate", "nan"], "Received: --learning-rate=nan"),
+    (["--learning-rate", "-1"], "Received: --learning-rate=-1.0"),
+    (["--dataset", "nosuch"], "--dataset must name a Merlin synthetic dataset"),
+    (["--checkpoint-keep", "2"], "--checkpoint-keep needs --checkpoint-dir. "
+                                 "Received: --checkpoint-keep=2"),
+    (["--checkpoint-dir", "ckpt", "--checkpoint-keep", "0"],
+     "--checkpoint-keep must be >= 1. Received: --checkpoint-keep=0"),
     pytest.param(["--backend", "distributed-embeddings"], "needs NVIDIA distributed-embeddings",
                  marks=pytest.mark.skipif(importlib.util.find_spec("distributed_embeddings") is not None,
                                           reason="distributed-embeddings is installed")),
@@ -115,6 +125,96 @@ def test_two_ranks_bad_option_one_line(tmp_path):
     assert run.returncode != 0
     lines = [l for l in (run.stdout + run.stderr).splitlines() if "invalid choice" in l]
     assert len(lines) == 1, run.stdout + run.stderr
+    # the ranks exit 2 quietly; the only traceback is horovodrun's own (it raises on any
+    # non-zero rank), never a rank's
+    ranks_out = [l for l in (run.stdout + run.stderr).splitlines() if l.startswith("[")]
+    assert not [l for l in ranks_out if "Traceback" in l], ranks_out
+    assert "exit with status code 2" in run.stdout
+
+
+@pytest.mark.parametrize("argv, host_dependent", [
+    (["--strategy", "fastest"], False),
+    (["--learning-rate", "inf"], False),
+    (["--train-dir", "/no/such/dir"], True),
+])
+def test_every_rank_exits_2_and_each_host_names_its_own_problem(argv, host_dependent):
+    # ranks as horovodrun starts them on two hosts (a: ranks 0, 1; b: ranks 2, 3)
+    for rank, local_rank, host in ((0, 0, "a"), (1, 1, "a"), (2, 0, "b"), (3, 1, "b")):
+        env = dict(ENV, HOROVOD_RANK=str(rank), HOROVOD_SIZE="4", HOROVOD_HOSTNAME=host,
+                   HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE="2")
+        out = subprocess.run([sys.executable, "-m", "merlin_models_de.dlrm", *argv],
+                             capture_output=True, text=True, timeout=120, env=env, check=False)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (rank, out.stderr)
+        speaks = rank == 0 or (host_dependent and local_rank == 0)
+        assert len(lines) == (1 if speaks else 0), (rank, lines)
+        if speaks and rank:
+            assert lines[0].startswith(f"error (rank {rank}, host {host}): --train-dir"), lines
+
+
+def test_unknown_dataset_exits_2_before_tensorflow_loads():
+    code = ("import sys\nfrom merlin_models_de.apps import dlrm\n"
+            "code = dlrm.main(['--dataset', 'nosuch'])\n"
+            "assert 'tensorflow' not in sys.modules, 'tensorflow loaded'\nsys.exit(code)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=ENV, check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert "--dataset must name a Merlin synthetic dataset (" in lines[0]
+    assert "criteo" in lines[0] and lines[0].endswith("Received: --dataset='nosuch'")
+
+
+def _checkpoints(directory):
+    """{step: name} of the complete checkpoints in ``directory``."""
+    out = {}
+    for name in os.listdir(directory):
+        manifest = os.path.join(directory, name, "manifest.json")
+        if name.startswith("ckpt-") and os.path.isfile(manifest):
+            out[json.load(open(manifest, encoding="utf-8"))["step"]] = name
+    return out
+
+
+def test_resume_after_a_mid_epoch_kill_trains_each_batch_once(tmp_path):
+    from merlin_models_de.checkpoint import latest_checkpoint, read_full_tables
+
+    # 1024 rows / batch 64 = 16 steps per epoch, 3 epochs = 48 steps
+    common = ["--rows", "1024", "--epochs", "3", "--valid-rows", "0", "--seed", "7", *QUICK]
+    ref_dir, ckpt = str(tmp_path / "ref"), str(tmp_path / "ckpt")
+    ref = _run([*common, "--checkpoint-dir", ref_dir])
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    killed = subprocess.run(
+        [sys.executable, os.path.join("tests", "scripts", "dlrm_killed.py"), "24", *common,
+         "--checkpoint-dir", ckpt, "--checkpoint-every", "8"],
+        capture_output=True, text=True, timeout=600, env=ENV, check=False,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert max(_checkpoints(ckpt)) == 24  # killed in epoch 2, after 8 of its 16 batches
+    # resumed with a clean environment: no import noise may reach the user either
+    env = {k: v for k, v in ENV.items() if k not in ("PYTHONWARNINGS", "TF_CPP_MIN_LOG_LEVEL")}
+    resumed = _run([*common, "--checkpoint-dir", ckpt, "--checkpoint-every", "8",
+                    "--checkpoint-keep", "2"], env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "(step 24, epoch 1; epoch 2 goes on after its first 8 of 16 batches)" in \
+        resumed.stdout
+    report = json.load(open(os.path.join(ckpt, "report.json"), encoding="utf-8"))
+    assert [(e["epoch"], e["steps"]) for e in report["epochs"]] == [(2, 8), (3, 16)]
+    assert report["resumed"]["step"] == 24 and report["resumed"]["skipped_batches"] == 8
+    # epochs x steps optimizer steps in all (not 56), and --checkpoint-keep 2 kept two
+    assert sorted(_checkpoints(ckpt)) == [40, 48]
+    # the same batches in the same order as the uninterrupted run: the same tables
+    got = read_full_tables(latest_checkpoint(ckpt))
+    want = read_full_tables(latest_checkpoint(ref_dir))
+    assert want and {b: sorted(t) for b, t in got.items()} == \
+        {b: sorted(t) for b, t in want.items()}
+    for block, tables in want.items():
+        for table, parts in tables.items():  # the table and its Adagrad accumulator
+            for part, array in parts.items():
+                np.testing.assert_allclose(got[block][table][part], array, rtol=1e-4,
+                                           atol=1e-6, err_msg=f"{table} {part}")
+    noise = ("UserWarning", "dtype mappings did not load", "NVTabular Dataset in CPU mode",
+             "I tensorflow/", "Please fix your imports")
+    assert not [l for l in resumed.stderr.splitlines() if any(n in l for n in noise)], \
+        resumed.stderr[-3000:]
 
 
 def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):

@@ -2,16 +2,26 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from merlin_models_de.apps.plan import parse_bytes
+from merlin_models_de.apps.plan import (busiest_elements, parse_bytes, smallest_world_size)
+from merlin_models_de.planner import plan
+
+# What Merlin and TensorFlow print on import when nobody silences them.
+NOISE = ("UserWarning", "dtype mappings did not load", "NVTabular Dataset in CPU mode",
+         "I tensorflow/", "Please fix your imports")
 
 
-def run(*args):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
+def run(*args, timeout=300, quiet_env=True):
+    env = dict(os.environ)
+    for name in ("PYTHONWARNINGS", "TF_CPP_MIN_LOG_LEVEL"):
+        env.pop(name, None)
+    if quiet_env:
+        env.update(PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run([sys.executable, "-m", "merlin_models_de.plan", *args],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_criteo_plan_and_device_memory():
@@ -52,3 +62,91 @@ def test_parse_bytes():
     assert parse_bytes("80GB") == 80 * 10**9
     assert parse_bytes("16GiB") == 16 * 2**30
     assert parse_bytes("512") == 512
+
+
+@pytest.mark.parametrize("memory", ["0GB", "0", "0.1B"])
+def test_device_memory_of_zero_is_refused_at_once(memory):
+    start = time.perf_counter()
+    out = run("criteo", "--device-memory", memory, timeout=120)
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"error: device memory must be > 0. Received: --device-memory={memory!r}"]
+    assert time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize("memory, options", [
+    ("1B", []),
+    ("1KB", ["--strategy", "memory_optimized", "--column-slice-threshold", "1000"]),
+    ("50MB", ["--strategy", "memory_optimized"]),
+    ("2MB", ["--row-slice-threshold", "1000000"]),
+    ("600MB", ["--data-parallel-threshold", "100000", "--strategy", "memory_balanced"]),
+])
+def test_device_memory_search_answers_fast_for_any_capacity(memory, options):
+    # 45.6M rows at dim 16: small capacities used to plan up to 4096 world sizes (minutes)
+    out = run("criteo", "--dim", "16", "--device-memory", memory, *options, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith(("Smallest world size", "No world size up to ")), last
+
+
+def test_smallest_world_size_is_the_smallest_that_fits_and_is_bounded(synthetic_schema):
+    from merlin_models_de.tables import tables_from_schema
+
+    tables = tables_from_schema(synthetic_schema("criteo"), dim=16)
+    cases = [(10**9, "adagrad", dict(strategy="memory_optimized",
+                                     column_slice_threshold=2**24)),
+             (10**9, "sgd", dict(strategy="basic")),
+             (3 * 10**8, "adam", dict(strategy="memory_balanced")),
+             (10**6, "sgd", dict(strategy="basic", row_slice_threshold=10**6)),
+             (1, "sgd", dict(strategy="basic")),
+             (2**20, "sgd", dict(strategy="memory_optimized", data_parallel_threshold=2**20))]
+    for capacity, optimizer, options in cases:
+        start = time.perf_counter()
+        fit = smallest_world_size(tables, capacity, optimizer, **options)
+        assert time.perf_counter() - start < 5, (capacity, options)
+        per_element = 4 * (1 + {"sgd": 0, "adagrad": 1, "adam": 2}[optimizer])
+        if fit.world_size is None:
+            assert fit.reason, (capacity, options)
+            continue
+        n = fit.world_size
+        p = plan(tables, n, **options)
+        assert max(p.rank_elements(r) for r in range(n)) * per_element == fit.busiest_bytes
+        assert fit.busiest_bytes <= capacity
+        if n > 1:  # one rank fewer does not fit
+            assert busiest_elements(tables, n - 1, **options) * per_element > capacity
+    none = smallest_world_size(tables, 1, "sgd")
+    assert none.world_size is None and "cannot be cut below" in none.reason
+
+
+def test_malformed_or_unreadable_schema_file_is_named(tmp_path):
+    bad = tmp_path / "schema.pbtxt"
+    bad.write_text("feature { name: \"x\" type: \n")  # cut short
+    binary = tmp_path / "binary.pbtxt"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    broken_json = tmp_path / "schema.json"
+    broken_json.write_text('{"feature": [')
+    empty = tmp_path / "empty.pbtxt"
+    empty.write_text("")
+    for source, named in ((str(bad), str(bad)), (str(tmp_path), str(bad)),
+                          (str(binary), str(binary)), (str(broken_json), str(broken_json)),
+                          (str(empty), str(empty))):
+        out = run(source)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+        assert f"Received: schema={named!r}" in lines[0], lines
+
+
+def test_unknown_name_is_refused_before_tensorflow_loads():
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom merlin_models_de.apps.plan import main\n"
+         "code = main(['no-such-dataset'])\nassert 'tensorflow' not in sys.modules\n"
+         "sys.exit(code)"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Received: schema='no-such-dataset'" in out.stderr
+
+
+def test_no_import_noise_reaches_the_user():
+    out = run("criteo", "--world-size", "2", quiet_env=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not [line for line in out.stderr.splitlines() if any(n in line for n in NOISE)], \
+        out.stderr
