@@ -13,27 +13,74 @@ from merlin_models_de import comm
 from merlin_models_de.variables import dense_weights, embedding_blocks
 
 
-def sample_batch(schema, rows: int = 2):
-    """A small batch shaped like ``schema``'s inputs (used to build a rebuilt model).
+def sample_batch(schema, rows: int = 2) -> dict:
+    """A small batch shaped like ``schema``'s inputs (targets excluded), to build a model.
 
-    Built from Merlin's synthetic generator without a Loader: under Horovod the Loader
-    broadcasts a shuffling seed, a collective only rank 0 would join here.
+    Made from each column's own shape, dtype and domain: scalars ``[rows, 1]``, fixed-length
+    lists ``[rows, k]``, ragged lists as ragged tensors, ids inside their domain. Neither
+    Merlin's synthetic generator (it needs an item-id column) nor a Loader (under Horovod it
+    broadcasts a shuffling seed, a collective only rank 0 would join here).
     """
-    import numpy as np
-    import tensorflow as tf
-    from merlin.datasets.synthetic import generate_data
     from merlin.schema import Tags
 
-    inputs = schema.excluding_by_tag(Tags.TARGET)
-    frame = generate_data(inputs, rows).to_ddf().compute()
-    batch = {}
-    for col in inputs:
-        values = frame[col.name].to_list()
-        if col.is_list or col.is_ragged:
-            batch[col.name] = tf.ragged.constant([list(v) for v in values])
-        else:
-            batch[col.name] = tf.constant(np.asarray(values).reshape(-1, 1))
-    return batch
+    return {col.name: _column_batch(col, rows)
+            for col in schema.excluding_by_tag(Tags.TARGET)}
+
+
+def _column_batch(col, rows: int):
+    import numpy as np
+    import tensorflow as tf
+
+    if not (col.is_list or col.is_ragged):
+        return tf.constant(_values(col, rows).reshape(rows, 1))
+    fixed = _fixed_length(col)
+    if fixed is not None and not col.is_ragged:
+        return tf.constant(_values(col, rows * fixed).reshape(rows, fixed))
+    count = col.value_count
+    low = max(1, (count.min or 0) if count else 0)  # no empty rows: every row looks up
+    high = max(low, (count.max or low + 1) if count else low + 1)
+    lengths = np.array([low + i % (high - low + 1) for i in range(rows)], np.int64)
+    return tf.RaggedTensor.from_row_lengths(_values(col, int(lengths.sum())), lengths)
+
+
+def _fixed_length(col):
+    """k for a fixed-length list column, else None."""
+    dims = col.shape.dims if col.shape is not None else None
+    if dims and len(dims) > 1 and dims[1].min is not None and dims[1].min == dims[1].max:
+        return int(dims[1].min)
+    count = col.value_count
+    if count and count.min is not None and count.min == count.max and count.min > 0:
+        return int(count.min)
+    return None
+
+
+def _values(col, count: int):
+    """``count`` values of the column's dtype, cycling through its domain."""
+    import numpy as np
+
+    dtype = _numpy_dtype(col)
+    if np.issubdtype(dtype, np.integer):
+        domain = col.int_domain
+        low = int(domain.min or 0) if domain else 0
+        high = int(domain.max) if domain and domain.max is not None else low
+        return (low + np.arange(count) % (high - low + 1)).astype(dtype)
+    if np.issubdtype(dtype, np.bool_):
+        return np.arange(count) % 2 == 0
+    domain = col.float_domain
+    low = float(domain.min or 0.0) if domain else 0.0
+    high = float(domain.max) if domain and domain.max is not None else low + 1.0
+    return np.full(count, (low + high) / 2, dtype)
+
+
+def _numpy_dtype(col):
+    """The column's NumPy dtype; int64 ids / float32 values where the schema has none."""
+    import numpy as np
+    from merlin.schema import Tags
+
+    try:
+        return np.dtype(col.dtype.to_numpy)
+    except Exception:  # pylint: disable=broad-except  # merlin's "unknown" dtype raises
+        return np.dtype(np.int64 if Tags.CATEGORICAL in col.tags else np.float32)
 
 
 def save_single_process(model, save, export_path, *args, **kwargs):

@@ -21,13 +21,14 @@ from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
+from merlin_models_de.reload import TableCheckpoints, layout_table
 from merlin_models_de.tables import feature_order, tables_from_schema
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set_global_weights
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class DistributedEmbeddings(Block):
+class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
     """Model-parallel embedding tables; a drop-in for ``mm.Embeddings``.
 
     Each rank holds only its share of the tables (see :mod:`merlin_models_de.planner`); the
@@ -106,6 +107,8 @@ class DistributedEmbeddings(Block):
     def build(self, input_shapes):
         self.backend.build(self, self._initializer, self.trainable)
         self.engine_layers = self.backend.sublayers()  # tracked: their weights are the block's
+        # checkpoints and SavedModels name tables, not this rank's layout (see reload.py)
+        self.table_checkpoints = TableCheckpoints(self)
         if self.embeddings_regularizer is not None:
             for var in self.trainable_weights:
                 self.add_loss(lambda v=var: self.embeddings_regularizer(v))
@@ -129,6 +132,19 @@ class DistributedEmbeddings(Block):
         return {f.name: sequence_output(out, inputs[f.name], dims[f.table])
                 if f.multi_hot and f.combiner is None and f.name in inputs else out
                 for f, out in zip(self.features, outputs)}
+
+    def checkpoint_children(self, children: dict) -> dict:
+        """The block's dependencies in checkpoints: one per table (see :mod:`.reload`)."""
+        state = getattr(self, "table_checkpoints", None)  # None until built
+        return children if state is None else state.to_save(children)
+
+    def checkpoint_dependency(self, name: str, found):
+        """What a saved dependency ``name`` stands for (see :mod:`.reload`)."""
+        state = getattr(self, "table_checkpoints", None)
+        if state is None:  # not built: an older layout name waits for build (raises for a slice)
+            layout_table(name, {t.name for t in self.tables})
+            return found
+        return state.lookup(name, found)
 
     def compute_output_shape(self, input_shapes):
         first = input_shapes[self.features[0].name]
