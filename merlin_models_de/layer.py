@@ -21,7 +21,7 @@ from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
-from merlin_models_de.reload import TableCheckpoints, layout_table
+from merlin_models_de.reload import TableCheckpoints
 from merlin_models_de.tables import feature_order, tables_from_schema
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set_global_weights
@@ -141,10 +141,9 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
     def checkpoint_dependency(self, name: str, found):
         """What a saved dependency ``name`` stands for (see :mod:`.reload`)."""
         state = getattr(self, "table_checkpoints", None)
-        if state is None:  # not built: an older layout name waits for build (raises for a slice)
-            layout_table(name, {t.name for t in self.tables})
-            return found
-        return state.lookup(name, found)
+        # unbuilt: Keras asks for every weight it adds; a restore waiting for an older
+        # layout's name is matched when the table dependencies appear (reload.py)
+        return found if state is None else state.lookup(name, found)
 
     def compute_output_shape(self, input_shapes):
         first = input_shapes[self.features[0].name]
