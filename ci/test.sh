@@ -37,5 +37,9 @@ run_stage "horovodrun -np $NP tests" \
   timeout --kill-after=30 1500 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
     python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
 
+# Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,
+# one process and horovodrun -np 2 (about 8 minutes; ci/peer.sh, tests/peer/).
+run_stage "peer: Merlin Models tests with the swap" bash ci/peer.sh
+
 if [[ $STATUS -eq 0 ]]; then echo "[test] ALL STAGES PASSED"; else echo "[test] SOME STAGES FAILED"; fi
 exit $STATUS

@@ -16,19 +16,25 @@ from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json
                                               tensorflow_metadata_json_to_schema)
 
 from merlin_models_de import comm, compat, integration
+from merlin_models_de import regularization as reg
 from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
+from merlin_models_de.handles import TableAccessMixin
 from merlin_models_de.reload import TableCheckpoints
-from merlin_models_de.tables import feature_order, tables_from_schema
+from merlin_models_de.tables import feature_order, is_layer_combiner, tables_from_schema
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set_global_weights
+# mm.Embeddings' per-table keyword arguments whose meaning the block does not implement
+UNSUPPORTED_TABLE_KWARGS = {
+    "embeddings_constraint": "None", "mask_zero": "False", "weights": "None (use "
+    "embeddings_initializer or set_global_weights)", "table": "None"}
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
+class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block):
     """Model-parallel embedding tables; a drop-in for ``mm.Embeddings``.
 
     Each rank holds only its share of the tables (see :mod:`merlin_models_de.planner`); the
@@ -37,14 +43,24 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
     process (no horovodrun) it behaves like ``mm.Embeddings`` and needs no Horovod.
 
     Args:
-        schema: Merlin schema; every categorical, non-target column gets a table, sized by
-            ``int_domain.max + 1``; columns sharing ``int_domain.name`` share a table.
+        schema: Merlin schema; every column gets a table (as ``mm.Embeddings``) except those
+            tagged TARGET, or CONTINUOUS without CATEGORICAL; a table has
+            ``int_domain.max + 1`` rows; columns sharing ``int_domain.name`` share a table.
         dim: One width, a dict by feature / table name, or None to infer it.
         infer_dim_fn: ``column -> int`` where ``dim`` gives none (Merlin's heuristic).
-        sequence_combiner: ``mean`` / ``sum`` / ``sqrtn`` pooling of list features (or a dict).
+        sequence_combiner: ``mean`` / ``sum`` / ``sqrtn`` pooling of list features, None
+            (un-pooled ``[B, None, dim]``), a Keras layer applied to the un-pooled rows, or a
+            dict of these by feature.
         embeddings_initializer: Keras initializer, or a dict by feature / table name.
-        embeddings_regularizer: Keras regularizer (world size 1 only, see below).
-        trainable: Whether the tables train.
+        embeddings_regularizer: Keras regularizer, or a dict by feature / table name; adds
+            ``reg(table)`` to the losses. On N ranks a sharded table takes L1 / L2 / L1L2
+            (see :mod:`merlin_models_de.regularization`).
+        trainable: Whether the tables train: a bool, or a dict by feature / table name.
+        l2_batch_regularization_factor: Adds ``factor * sum(output ** 2)`` of each feature's
+            looked-up batch to the losses (a float, or a dict by feature / table name).
+        activity_regularizer, table_cls, pre, post, aggregation: ``mm.Embeddings``'
+            arguments; only their defaults are supported (others raise, naming them).
+        block_name: The block's name (``mm.Embeddings``' spelling of ``name``).
         strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold:
             Placement options (see :func:`merlin_models_de.planner.plan`).
         backend: ``auto`` (distributed-embeddings when installed, else ``horovod``),
@@ -62,23 +78,43 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
 
     def __init__(self, schema, dim=None, *, infer_dim_fn: Callable | None = None,
                  sequence_combiner="mean", embeddings_initializer=None,
-                 embeddings_regularizer=None, trainable=True, strategy="basic",
+                 embeddings_regularizer=None, activity_regularizer=None, trainable=True,
+                 table_cls=None, pre=None, post=None, aggregation=None, block_name=None,
+                 l2_batch_regularization_factor=0.0, input_length=None, strategy="basic",
                  column_slice_threshold=None, row_slice_threshold=None,
                  data_parallel_threshold=None, backend="auto", validate_ids=True,
                  name="embeddings", **kwargs):
         compat.ensure_supported()
         integration.install()
-        super().__init__(name=name, trainable=trainable, **kwargs)
+        _check_unsupported(activity_regularizer=activity_regularizer, table_cls=table_cls,
+                           pre=pre, post=post, aggregation=aggregation, kwargs=kwargs)
+        super().__init__(name=block_name or name, trainable=trainable is not False, **kwargs)
         validate_options(1, strategy, column_slice_threshold, row_slice_threshold,
                          data_parallel_threshold)
+        sequence_combiner = _deserialize_combiner(sequence_combiner)
         self.tables = tables_from_schema(schema, dim, infer_dim_fn=infer_dim_fn,
                                          combiner=sequence_combiner)
         self.features = tuple(feature_order(self.tables))
         names = {f.name for f in self.features}
         self.set_schema(schema.select_by_name([c for c in schema.column_names if c in names]))
         self.sequence_combiner = sequence_combiner
+        # list features whose rows go through a Keras layer (mm.Embeddings does the same)
+        self.combiner_layers = {f.name: layer for t in self.tables for f in t.features
+                                if f.multi_hot for layer in
+                                [_feature_value(sequence_combiner, t.features[0].name)]
+                                if is_layer_combiner(layer)}
         self.embeddings_initializer = embeddings_initializer
-        self.embeddings_regularizer = tf.keras.regularizers.get(embeddings_regularizer)
+        for option, value in (("embeddings_regularizer", embeddings_regularizer),
+                              ("trainable", trainable),
+                              ("l2_batch_regularization_factor", l2_batch_regularization_factor)):
+            reg.check_keys(option, value, self.tables)
+        self.embeddings_regularizer = embeddings_regularizer
+        self.table_regularizers = reg.regularizers(embeddings_regularizer, self.tables)
+        self.l2_batch_regularization_factor = l2_batch_regularization_factor
+        self.batch_l2 = reg.batch_l2_factors(l2_batch_regularization_factor, self.tables)
+        self.table_trainable = reg.trainable_tables(trainable, self.tables)
+        self._trainable_option = trainable
+        self.input_length = input_length  # Keras' Embedding only uses it for shapes
         self.options = dict(strategy=strategy, column_slice_threshold=column_slice_threshold,
                             row_slice_threshold=row_slice_threshold,
                             data_parallel_threshold=data_parallel_threshold)
@@ -86,13 +122,15 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
         self.validate_ids = validate_ids
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
-        if self.embeddings_regularizer is not None and self.world_size > 1:
-            raise NotImplementedError(
-                "embeddings_regularizer with model-parallel tables (world size > 1) is not "
-                f"supported yet. Received: embeddings_regularizer={embeddings_regularizer!r}")
         self.plan = make_plan(self.tables, self.world_size, **self.options)
+        reg.check_regularizers(self.table_regularizers, self.plan)
         self.backend = create(self.backend_name, self.plan, self.features, self.rank,
                               validate_ids=validate_ids)
+        if self.backend_name != "horovod" and len(set(self.table_trainable.values())) > 1:
+            frozen = sorted(t for t, on in self.table_trainable.items() if not on)
+            raise NotImplementedError(
+                f"backend={self.backend_name!r} trains all tables or none; tables {frozen} "
+                f"are frozen by trainable={trainable!r}. Use backend='horovod'.")
 
     # ---- keras ---------------------------------------------------------------------------------
 
@@ -105,13 +143,14 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
         return tf.keras.initializers.get(init or "uniform")
 
     def build(self, input_shapes):
-        self.backend.build(self, self._initializer, self.trainable)
+        per_table = self.backend_name == "horovod"  # the other backend takes one bool
+        trainable = (self.table_trainable.get if per_table
+                     else all(self.table_trainable.values()))
+        self.backend.build(self, self._initializer, trainable)
         self.engine_layers = self.backend.sublayers()  # tracked: their weights are the block's
         # checkpoints and SavedModels name tables, not this rank's layout (see reload.py)
         self.table_checkpoints = TableCheckpoints(self)
-        if self.embeddings_regularizer is not None:
-            for var in self.trainable_weights:
-                self.add_loss(lambda v=var: self.embeddings_regularizer(v))
+        reg.add_table_losses(self, self.backend, self.plan, self.rank, self.table_regularizers)
         return super().build(input_shapes)
 
     # Plain TF ops without tensor-dependent Python control flow: autograph's conversion of
@@ -129,9 +168,16 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
         outputs = self.backend.call(ordered, training=training, problems=problems)
         dims = {t.name: t.dim for t in self.tables}
         # (a feature missing here has already failed every rank in the exchange's checks)
-        return {f.name: sequence_output(out, inputs[f.name], dims[f.table])
-                if f.multi_hot and f.combiner is None and f.name in inputs else out
-                for f, out in zip(self.features, outputs)}
+        result = {f.name: sequence_output(out, inputs[f.name], dims[f.table])
+                  if f.multi_hot and f.combiner is None and f.name in inputs else out
+                  for f, out in zip(self.features, outputs)}
+        for name, layer in self.combiner_layers.items():
+            result[name] = layer(result[name], training=training)
+        for f in self.features:
+            factor = self.batch_l2.get(f.table)
+            if factor:
+                self.add_loss(reg.batch_l2_loss(result[f.name], factor, self.world_size))
+        return result
 
     def checkpoint_children(self, children: dict) -> dict:
         """The block's dependencies in checkpoints: one per table (see :mod:`.reload`)."""
@@ -146,21 +192,35 @@ class DistributedEmbeddings(compat.TableCheckpointMixin, Block):
         return found if state is None else state.lookup(name, found)
 
     def compute_output_shape(self, input_shapes):
-        first = input_shapes[self.features[0].name]
-        batch = first[0] if isinstance(first, tf.TensorShape) else None
+        """``[batch, dim]``, or for un-pooled list features ``[batch, k or None, dim]`` (as
+        ``mm.Embeddings``: a trailing 1 of the input is dropped)."""
         dims = {t.name: t.dim for t in self.tables}
-        return {f.name: tf.TensorShape([batch, dims[f.table]]) for f in self.features}
+        out = {}
+        for f in self.features:
+            shape = _shape(input_shapes.get(f.name) if hasattr(input_shapes, "get") else None)
+            batch = shape[0] if shape.rank else None
+            if f.multi_hot and f.combiner is None and f.name not in self.combiner_layers:
+                if shape.rank and shape.rank > 1:
+                    first = shape[:-1] if shape[-1] == 1 and shape.rank > 2 else shape
+                else:
+                    first = tf.TensorShape([batch, None])
+                out[f.name] = tf.TensorShape(list(first) + [dims[f.table]])
+            else:
+                out[f.name] = tf.TensorShape([batch, dims[f.table]])
+        return out
 
     def get_config(self):
         config = super().get_config()
         config.update(
             schema=schema_to_tensorflow_metadata_json(self.schema),
             dim={t.name: t.dim for t in self.tables},  # resolved: infer_dim_fn is not saved
-            sequence_combiner=_plain(self.sequence_combiner),
+            sequence_combiner=_serialize_combiner(self.sequence_combiner),
             embeddings_initializer=_serialize(self.embeddings_initializer),
-            embeddings_regularizer=tf.keras.regularizers.serialize(self.embeddings_regularizer)
-            if self.embeddings_regularizer is not None else None,
-            backend=self._requested_backend, validate_ids=self.validate_ids, **self.options)
+            embeddings_regularizer=_serialize(self.embeddings_regularizer,
+                                              tf.keras.regularizers),
+            trainable=_plain(self._trainable_option),
+            l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
+            input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids, **self.options)
         return config
 
     @classmethod
@@ -218,10 +278,60 @@ def _plain(value):
     return value
 
 
-def _serialize(init):
+def _serialize(init, module=tf.keras.initializers):
+    """Initializers / regularizers (or dicts of them) -> configs; ``get`` reads them back."""
     if init is None or isinstance(init, str):
         return init
     if hasattr(init, "items"):
-        return {k: _serialize(v) for k, v in init.items()}
-    return tf.keras.initializers.serialize(tf.keras.initializers.get(init))
+        return {k: _serialize(v, module) for k, v in init.items()}
+    return module.serialize(module.get(init))
+
+
+def _feature_value(value, feature: str):
+    return value.get(feature) if reg.is_by_name(value) else value
+
+
+def _serialize_combiner(value):
+    """Keras layers become their Keras config (as ``mm.Embeddings``' tables save them)."""
+    if is_layer_combiner(value):
+        return tf.keras.layers.serialize(value)
+    if reg.is_by_name(value):
+        return {k: _serialize_combiner(v) for k, v in value.items()}  # a plain dict
+    return value
+
+
+def _deserialize_combiner(value):
+    if hasattr(value, "items") and "class_name" in value:
+        return tf.keras.layers.deserialize(dict(value))
+    if reg.is_by_name(value):
+        return {k: _deserialize_combiner(v) for k, v in value.items()}
+    return value
+
+
+def _shape(shape) -> tf.TensorShape:
+    """An input's shape (a TensorShape, a list, or unknown) as a TensorShape."""
+    try:
+        return tf.TensorShape(shape)
+    except (TypeError, ValueError):
+        return tf.TensorShape(None)
+
+
+def _check_unsupported(activity_regularizer, table_cls, pre, post, aggregation, kwargs):
+    """``mm.Embeddings`` arguments whose meaning the block does not implement raise, named."""
+    from merlin.models.tf.inputs.embedding import EmbeddingTable
+
+    given = {"activity_regularizer": (activity_regularizer, "None"),
+             "pre": (pre, "None"), "post": (post, "None"), "aggregation": (aggregation, "None")}
+    if table_cls not in (None, EmbeddingTable):
+        given["table_cls"] = (table_cls, "None or mm.EmbeddingTable")
+    for key, default in UNSUPPORTED_TABLE_KWARGS.items():
+        if key in kwargs:
+            value = kwargs.pop(key)
+            if value is not None and value is not False:
+                given[key] = (value, default)
+    for key, (value, default) in given.items():
+        if value is not None:
+            raise NotImplementedError(
+                f"DistributedEmbeddings does not support {key} (supported: {default}). "
+                f"Received: {key}={value!r}")
 

@@ -91,28 +91,47 @@ def default_infer_dim(column) -> int:
 
 
 def embedding_columns(schema) -> list:
-    """The columns that get embedding tables: categorical and not a target.
+    """The columns that get embedding tables.
+
+    ``mm.Embeddings`` embeds every column it is given, and Merlin's models give it
+    ``schema.select_by_tag(Tags.CATEGORICAL)``. So: when the schema tags columns CATEGORICAL,
+    those (minus TARGET-tagged ones) are embedded, and the block takes a model's full schema
+    (whose untagged integer columns can be labels, as aliccp's ``click``); when it tags none,
+    every column is embedded as ``mm.Embeddings`` would, except TARGET-tagged ones and
+    CONTINUOUS-tagged ones (the model's other inputs).
 
     Example:
         >>> cols = embedding_columns(schema)  # doctest: +SKIP
     """
     from merlin.schema import Tags
 
-    targets = set(schema.select_by_tag(Tags.TARGET).column_names)
-    cats = schema.select_by_tag(Tags.CATEGORICAL)
-    return [col for col in cats if col.name not in targets]
+    columns = [col for col in schema if Tags.TARGET not in col.tags]
+    categorical = [col for col in columns if Tags.CATEGORICAL in col.tags]
+    if categorical:
+        return categorical
+    return [col for col in columns if Tags.CONTINUOUS not in col.tags]
+
+
+def _dtype_name(column) -> str:
+    element = getattr(column.dtype, "element_type", None)
+    return getattr(element, "value", str(column.dtype))
 
 
 def _rows_of(column) -> int:
+    from merlin.schema import Tags
+
+    kind = "Categorical column" if Tags.CATEGORICAL in column.tags else "Column"
     domain = column.int_domain
     if domain is None or domain.max is None:
         raise ValueError(
-            f"Categorical column '{column.name}' has no cardinality: its schema needs an "
-            f"int_domain with a max (rows = max + 1). Received: int_domain={domain!r}"
+            f"{kind} '{column.name}' has no cardinality, so it cannot be embedded: its schema "
+            f"needs an integer dtype and an int_domain with a max (rows = max + 1); tag it "
+            f"CONTINUOUS or leave it out of the schema given to the embeddings. "
+            f"Received: dtype={_dtype_name(column)!r}, int_domain={domain!r}"
         )
     if int(domain.max) <= 0:
         raise ValueError(
-            f"Categorical column '{column.name}' needs int_domain.max > 0. "
+            f"{kind} '{column.name}' needs int_domain.max > 0. "
             f"Received: int_domain.max={domain.max!r}"
         )
     return int(domain.max) + 1
@@ -143,11 +162,20 @@ def _dim_of(column, table: str, dim, infer_dim_fn: Callable) -> int:
     return value
 
 
-def _combiner_of(column, combiner) -> str | None:
+def is_layer_combiner(value) -> bool:
+    """A Keras layer given as ``sequence_combiner``: applied to the un-pooled rows."""
+    return value is not None and not isinstance(value, str) and callable(value)
+
+
+def _combiner_of(column, combiner, first: str) -> str | None:
+    """A dict is read at the table's ``first`` feature: ``mm.Embeddings`` gives a table the
+    options of the column that created it, for every feature that shares it."""
     multi_hot = bool(column.is_list or column.is_ragged)
     if not multi_hot:
         return None
-    value = combiner.get(column.name) if isinstance(combiner, Mapping) else combiner
+    value = combiner.get(first) if isinstance(combiner, Mapping) else combiner
+    if is_layer_combiner(value):
+        return None  # looked up un-pooled; the block applies the layer (as mm.Embeddings)
     if value is not None and value not in COMBINERS:
         raise ValueError(
             f"Unknown combiner for feature '{column.name}'; expected one of {COMBINERS} or "
@@ -163,7 +191,8 @@ def tables_from_schema(
     infer_dim_fn: Callable | None = None,
     combiner: str | Mapping[str, str | None] | None = "mean",
 ) -> tuple[TableSpec, ...]:
-    """Builds the table specs of every categorical, non-target column of ``schema``.
+    """Builds the table specs of the columns ``mm.Embeddings`` embeds (see
+    :func:`embedding_columns`).
 
     Args:
         schema: A Merlin ``Schema``.
@@ -171,7 +200,9 @@ def tables_from_schema(
         infer_dim_fn: ``column -> int`` used where ``dim`` gives none; Merlin's
             ``infer_embedding_dim`` by default.
         combiner: Pooling of list features (``sum``, ``mean``, ``sqrtn`` or None for un-pooled
-            3-D outputs), one for all or a dict by feature name.
+            3-D outputs), one for all or a dict by feature name (a shared table's features
+            all take its first feature's, as in ``mm.Embeddings``); a Keras layer counts as
+            None here (the block applies it to the un-pooled rows).
 
     Returns:
         The tables in schema order of their first feature.
@@ -188,11 +219,14 @@ def tables_from_schema(
     columns = embedding_columns(schema)
     if not columns:
         raise ValueError(
-            "The schema has no categorical, non-target columns to embed. "
+            "The schema has no categorical, non-target columns to embed (columns tagged TARGET, "
+            "or CONTINUOUS without CATEGORICAL, are skipped). "
             f"Received columns: {list(schema.column_names)}"
         )
     names = {c.name for c in columns}
-    table_names = {(c.int_domain.name if c.int_domain else None) or c.name for c in columns}
+    for col in columns:
+        _rows_of(col)  # a column without a domain fails first, naming it
+    table_names = {c.int_domain.name or c.name for c in columns}
     _check_keys("dim", dim, names | table_names)
     _check_keys("combiner", combiner, names)
 
@@ -215,7 +249,7 @@ def tables_from_schema(
         else:
             rows[table], dims[table], feats[table], first[table] = n_rows, width, [], col.name
         feats[table].append(
-            FeatureSpec(col.name, table, bool(col.is_list or col.is_ragged), _combiner_of(col, combiner))
+            FeatureSpec(col.name, table, bool(col.is_list or col.is_ragged), _combiner_of(col, combiner, first[table]))
         )
     return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t])) for t in rows)
 

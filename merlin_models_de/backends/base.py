@@ -69,7 +69,8 @@ class EmbeddingBackend(abc.ABC):
     def build(self, layer, initializer: Callable, trainable: bool) -> None:
         """Creates this rank's variables on ``layer`` (idempotent) and marks the local ones.
 
-        ``initializer(table_name)`` gives a Keras initializer.
+        ``initializer(table_name)`` gives a Keras initializer; ``trainable`` is a bool, or
+        ``trainable(table_name) -> bool`` for backends that take it per table (horovod).
         """
         if self._built:
             return

@@ -20,6 +20,7 @@ from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.backends.routing import Routing
+from merlin_models_de.backends.table_lookup import lookup_ids
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 
 
@@ -46,21 +47,22 @@ class HorovodBackend(EmbeddingBackend):
         separate variables keep each update small (measured: SGD step 2.8 ms -> 1.1 ms on
         Criteo's 26 tables); initialization also needs no concatenated copy.
         """
+        trains = trainable if callable(trainable) else (lambda _table: trainable)  # per table
         for s in self.plan.shards_on(self.rank):
             table = self.plan.table(s.table)
             if s.kind in MODEL_PARALLEL:
                 suffix = f"_c{s.col_start}" if s.cols != table.dim else ""
                 self.mp[s.table] = layer.add_weight(
                     name=f"mp_{s.table}{suffix}", shape=(s.rows, s.cols),
-                    initializer=initializer(s.table), trainable=trainable)
+                    initializer=initializer(s.table), trainable=trains(s.table))
             elif s.kind is ShardingType.DATA_PARALLEL:
                 self.dp[s.table] = layer.add_weight(
                     name=f"dp_{s.table}", shape=(table.rows, table.dim),
-                    initializer=initializer(s.table), trainable=trainable)
+                    initializer=initializer(s.table), trainable=trains(s.table))
             else:
                 self.rw[s.table] = layer.add_weight(
                     name=f"rw_{s.table}", shape=(s.rows, table.dim),
-                    initializer=initializer(s.table), trainable=trainable)
+                    initializer=initializer(s.table), trainable=trains(s.table))
 
         # A rank that sends nothing in an exchange would send a constant, which no gradient
         # tape records; that rank would then skip the exchange's backward all-to-all that
@@ -238,6 +240,13 @@ class HorovodBackend(EmbeddingBackend):
         received, _ = comm.alltoall(partial, splits,
                                     name=self.collective_name(tag + "_vectors"))
         return tf.reduce_sum(tf.reshape(received, [n, -1, var.shape[1]]), axis=0)
+
+    # ---- one table, arbitrary ids -------------------------------------------------------------
+
+    def lookup_table(self, table: str, ids, problems=()):
+        """Collective: ``[n, dim]`` rows of ``table`` for this rank's flat ``ids`` (``n`` may
+        differ by rank); differentiable; bad ids fail every rank (see :mod:`.table_lookup`)."""
+        return lookup_ids(self, table, ids, problems)
 
     # ---- whole tables -------------------------------------------------------------------------
 

@@ -1,0 +1,175 @@
+"""Per-table handles of a DistributedEmbeddings block: ``block["item_id"]`` as in mm.Embeddings.
+
+A :class:`TableHandle` is a plain object (not a Keras layer): it owns and tracks no
+variables, so a model never counts or saves a table twice. Its lookups are collective (every
+rank calls them, each with its own ids); see :mod:`merlin_models_de.backends.table_lookup`.
+
+Example:
+    >>> item = block["item_id"]  # doctest: +SKIP
+    >>> vectors = item.embedding_lookup(tf.constant([3, 7]))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+from merlin.schema import Schema
+
+from merlin_models_de.backends.lookup import combiner_weights
+from merlin_models_de.planner.types import ShardingType
+
+
+class TableHandle:
+    """One table of a block: its shape, schema and (collective) lookups."""
+
+    def __init__(self, block, name: str):
+        self.block, self.name = block, name
+        self.spec = block.plan.table(name)
+
+    table_name = property(lambda self: self.name)
+    input_dim = property(lambda self: self.spec.rows)
+    dim = property(lambda self: self.spec.dim)
+    table = property(lambda self: self)  # Merlin reads ``table.table.embeddings``
+    has_schema = True
+
+    @property
+    def features(self) -> dict:
+        """``{feature: ColumnSchema}`` of the features reading this table (as Merlin)."""
+        return {f.name: self.block.schema[f.name] for f in self.spec.features}
+
+    @property
+    def col_schema(self):
+        return next(iter(self.features.values()))
+
+    @property
+    def schema(self):
+        return Schema(list(self.features.values()))
+
+    @property
+    def sequence_combiner(self):
+        combiner = self.block.sequence_combiner
+        if hasattr(combiner, "items"):
+            return combiner.get(self.col_schema.name)
+        return combiner
+
+    def _whole(self) -> bool:
+        return (self.block.world_size == 1
+                or self.block.plan.kind_of(self.name) is ShardingType.DATA_PARALLEL)
+
+    @property
+    def embeddings(self):
+        """The full table variable, only where every rank holds it whole."""
+        self.block._ensure_built()  # pylint: disable=protected-access
+        if not self._whole():
+            raise ValueError(
+                f"Table '{self.name}' is sharded across {self.block.world_size} ranks "
+                f"({self.block.plan.kind_of(self.name).value}); its full matrix is on no rank. "
+                "Use embedding_lookup(ids) for rows, or block.get_global_weights() "
+                "(collective: every rank calls it) for a NumPy copy.")
+        shard = self.block.plan.shards_of(self.name)[0]
+        var, first = self.block.backend.shard_variable(shard)
+        return var if first == 0 and var.shape[0] == self.spec.rows else \
+            var[first:first + self.spec.rows]
+
+    def build(self, input_shapes=None):
+        self.block._ensure_built()  # pylint: disable=protected-access
+
+    def embedding_lookup(self, ids):
+        """Collective: ``ids`` (any shape, any count per rank) -> ``[*ids.shape, dim]``."""
+        self.block._ensure_built()  # pylint: disable=protected-access
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(self.embedding_lookup(ids.flat_values))
+        ids = tf.convert_to_tensor(ids)
+        problems = []
+        if not ids.dtype.is_integer:
+            problems = [f"Table '{self.name}' takes integer ids. Received: dtype={ids.dtype.name}"]
+            ids = tf.zeros([0], tf.int64)
+        backend = self.block.backend
+        if not hasattr(backend, "lookup_table"):
+            raise NotImplementedError(
+                f"embedding_lookup of table '{self.name}' is not supported by backend="
+                f"'{self.block.backend_name}'; use backend='horovod'.")
+        rows = backend.lookup_table(self.name, ids, problems)
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+    def __call__(self, inputs, **kwargs):
+        """Like Merlin's EmbeddingTable: a tensor of ids, or a dict with this table's features."""
+        if hasattr(inputs, "items"):
+            return {f: self._call_table(inputs[f]) for f in self.features if f in inputs}
+        return self._call_table(inputs)
+
+    def _call_table(self, value):
+        combiner = self.sequence_combiner
+        if isinstance(value, tf.SparseTensor):
+            value = tf.RaggedTensor.from_sparse(value)
+        if isinstance(value, tf.RaggedTensor):
+            if value.shape.rank == 3:
+                value = value.merge_dims(1, 2)
+            rows = self.embedding_lookup(value.values)
+            if not combiner:
+                return tf.RaggedTensor.from_row_splits(rows, value.row_splits)
+            lengths = value.row_lengths()
+            weights = tf.cast(combiner_weights(lengths, combiner), rows.dtype)
+            segments = tf.repeat(tf.range(value.nrows()), lengths)
+            return tf.math.unsorted_segment_sum(rows * weights[:, None], segments, value.nrows())
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank and value.shape.rank > 1 and value.shape[-1] == 1:
+            value = tf.squeeze(value, -1)
+        out = self.embedding_lookup(value)
+        if out.shape.rank > 2 and combiner:
+            reduce = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "max": tf.reduce_max}
+            if combiner == "sqrtn":
+                return tf.reduce_sum(out, 1) / tf.sqrt(tf.cast(tf.shape(out)[1], out.dtype))
+            out = reduce[combiner](out, axis=1)
+        return out
+
+    def __repr__(self):
+        return f"TableHandle(name={self.name!r}, input_dim={self.input_dim}, dim={self.dim})"
+
+
+class TableAccessMixin:
+    """``block[name]``, ``embedding_tables``, iteration and ``select_by_*`` over tables."""
+
+    def _handles(self) -> dict:
+        cache = self.__dict__.get("_mmde_handles")
+        if cache is None:
+            cache = {t.name: TableHandle(self, t.name) for t in self.tables}
+            object.__setattr__(self, "_mmde_handles", cache)  # untracked: owns no variables
+        return cache
+
+    @property
+    def embedding_tables(self) -> dict:
+        return dict(self._handles())
+
+    parallel_layers = embedding_tables
+    parallel_dict = embedding_tables
+
+    @property
+    def parallel_values(self) -> list:
+        return list(self._handles().values())
+
+    def __getitem__(self, name):
+        handles = self._handles()
+        if name in handles:
+            return handles[name]
+        for f in self.features:
+            if f.name == name:
+                return handles[f.table]
+        raise KeyError(f"No table or feature named {name!r}. Tables: {sorted(handles)}; "
+                       f"features: {[f.name for f in self.features]}")
+
+    def __iter__(self):
+        return iter(self.parallel_values)
+
+    def __contains__(self, name):
+        return name in self._handles() or any(f.name == name for f in self.features)
+
+    def select_by_name(self, name):
+        if name == self.name:
+            return self
+        return self._handles().get(name)
+
+    def select_by_names(self, names) -> list:
+        missing = [n for n in names if n not in self._handles()]
+        if missing:
+            raise ValueError(f"Given names {missing} are not tables of {self.name}. "
+                             f"Tables: {sorted(self._handles())}")
+        return [self._handles()[n] for n in names]

@@ -1,0 +1,56 @@
+"""Table handles in one process behave like mm.Embeddings' EmbeddingTables."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from merlin_models_de.handles import TableAccessMixin, TableHandle
+from merlin_models_de.layer import DistributedEmbeddings
+from tests.unit.horovod import oracle
+
+
+class Block(TableAccessMixin, DistributedEmbeddings):
+    """The block with the mixin (until layer.py lists it among its bases)."""
+
+
+def built():
+    block = Block(oracle.mixed_schema(), dim=oracle.DIMS, sequence_combiner=oracle.COMBINERS,
+                  backend="horovod")
+    block(oracle.select(oracle.global_batch(block.features, block.tables, 4, 0), 0, 4))
+    arrays = oracle.global_tables(block.tables, seed=3)
+    block.set_global_weights(arrays)
+    return block, arrays
+
+
+def test_handles_expose_merlin_table_attributes_and_lookups():
+    block, arrays = built()
+    user = block["user"]
+    assert isinstance(user, TableHandle) and block["fav_genre"] is block["genre"]
+    assert (user.input_dim, user.dim, user.name, user.col_schema.name) == (2000, 8, "user", "user")
+    assert list(block["genre"].features) == ["genres", "fav_genre"]
+    assert user.table.embeddings is user.embeddings
+    np.testing.assert_array_equal(user.embeddings.numpy(), arrays["user"])
+    ids = tf.constant([[1, 5], [7, 1999]])
+    np.testing.assert_array_equal(user.embedding_lookup(ids).numpy(), arrays["user"][ids.numpy()])
+    np.testing.assert_array_equal(user(tf.constant([[3], [4]])).numpy(), arrays["user"][[3, 4]])
+    tags = tf.ragged.constant([[1, 2], [], [5]], tf.int64)
+    np.testing.assert_allclose(block["tags"](tags).numpy(), np.stack(
+        [arrays["tags"][[1, 2]].mean(0), np.zeros(8), arrays["tags"][5]]), rtol=1e-6)
+    assert set(block.embedding_tables) == {t.name for t in block.tables}
+    assert [h.name for h in block] == [t.name for t in block.tables]
+    assert block.select_by_name("item") is block["item"]
+    assert block.select_by_names(["item", "user"]) == [block["item"], block["user"]]
+    with pytest.raises(KeyError, match="nope.*Tables"):
+        block["nope"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside table 'user'"):
+        user.embedding_lookup(tf.constant([2000]))
+
+
+def test_handles_add_no_weights_and_the_table_trains_through_them():
+    block, _ = built()
+    before = len(block.weights)
+    _ = block.embedding_tables, block["user"], list(block)
+    assert len(block.weights) == before
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(block["user"].embedding_lookup(tf.constant([3, 3])))
+    grad = tape.gradient(loss, block["user"].embeddings)
+    np.testing.assert_array_equal(tf.convert_to_tensor(grad).numpy()[3], np.full(8, 2.0))
