@@ -18,8 +18,6 @@ def main(src, dst):
 
     data = dict(np.load(src, allow_pickle=True))
     spec = json.loads(str(data.pop("spec")))
-    if spec.get("model") == "session":
-        return session(spec, data, dst)
     model = fc.build_model(dict(spec, backend="horovod"))  # the oracle: no engine, one process
     x, y = fc.split_xy(data, spec)
     model(fc.take(x, 0, 2))
@@ -39,27 +37,6 @@ def main(src, dst):
              predictions_before=np.asarray(before),
              evaluation=json.dumps({k: float(v) for k, v in evaluation.items()}), **out)
     del tf
-
-
-def session(spec, data, dst):
-    """The GRU session model of session_common on the global batches."""
-    from tests.unit.horovod import fit_common as fc
-    from tests.unit.horovod import session_common as sc
-
-    batch = spec["per_rank"] * spec["world_size"]
-    model = sc.build_model(spec)
-    model(next(iter(sc.dataset(data, 2)))[0])
-    initial = fc.snapshot(model)
-    model.compile(optimizer=fc.optimizer(spec["optimizer"], spec["lr"] * spec["world_size"]))
-    losses = fc.LossRecorder()
-    model.fit(sc.dataset(data, batch), epochs=1, verbose=0, callbacks=[losses])
-    final = fc.snapshot(model)
-    evaluation = model.evaluate(sc.dataset(data, batch), verbose=0, return_dict=True)
-    predictions = model.predict(sc.dataset(data, batch), verbose=0)
-    out = {f"initial/{k}": v for k, v in initial.items()}
-    out.update({f"final/{k}": v for k, v in final.items()})
-    np.savez(dst, losses=np.array(losses.losses), predictions=np.asarray(predictions),
-             evaluation=json.dumps({k: float(v) for k, v in evaluation.items()}), **out)
 
 
 if __name__ == "__main__":
