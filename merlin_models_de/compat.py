@@ -12,6 +12,13 @@ What is patched, and when (the whole list; nothing else in the package touches p
 - :func:`create_optimizer_slots` calls a Keras optimizer's slot creation (Keras-private too;
   the only other Keras-private call is the layer walk in :mod:`merlin_models_de.variables`).
 - :func:`take_local_rows` resets a Merlin ``Loader``'s sharding attributes.
+- :func:`keras_names_kept` restores Keras' layer-name counters (``keras.backend``) after
+  rank 0 alone builds layers (the export's copy of the model).
+- :func:`same_randomness_on_every_rank` reads and restores the Python generators that Keras
+  draws unseeded initializers' seeds from (``random`` and ``keras.backend._SEED_GENERATOR``).
+- :func:`match_schemas` resets the ``_schema`` of layers of a ``from_config`` copy of a model
+  (Merlin 23.8's ``SequentialBlock`` gives every later layer its first layer's schema on
+  construction, so a copy is not the model it came from).
 
 The installed versions are checked at first use (:func:`ensure_supported`): outside
 :data:`SUPPORTED` the package stops with one message naming what it found, instead of
@@ -24,6 +31,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 
@@ -332,3 +340,96 @@ def restore_deferred(layer, name, trackable) -> None:
     """Restores into ``trackable`` what a restore saved under ``name`` was waiting for (a
     saved name the layer does not track itself, such as an older layout's table name)."""
     layer._handle_deferred_dependencies(name=name, trackable=trackable)  # pylint: disable=protected-access
+
+
+def match_schemas(original, copy, opaque=()) -> None:
+    """Give each layer of ``copy`` (``original.__class__.from_config(original.get_config())``)
+    no schema where its counterpart in ``original`` has none.
+
+    Why: Merlin 23.8's ``SequentialBlock.__init__`` hands its first layer's schema to every
+    later layer. Rebuilt from a config, a DLRM's ``WithShortcut`` (interaction + bottom MLP)
+    thus gets the input schema, which it did not have, and from then on filters its inputs to
+    the schema's columns: the bottom MLP's output is dropped. The copy still runs, but its
+    config (what a SavedModel stores) now rebuilds a different model, which fails at load
+    time. Layers are paired in Keras' traversal order, not entering ``opaque`` layer types
+    (whose sublayers depend on the world size); a structural mismatch raises.
+    """
+    mine, theirs = _layers(original, opaque), _layers(copy, opaque)
+    pairs = list(zip(mine, theirs))
+    if len(mine) != len(theirs) or any(type(a) is not type(b) for a, b in pairs):
+        raise ValueError("The model rebuilt from its config has a different structure; "
+                         f"cannot export it. Received: {type(original).__name__}")
+    for mine, theirs in pairs:
+        if getattr(mine, "_schema", None) is None and getattr(theirs, "_schema", None) is not None:
+            theirs._schema = None  # pylint: disable=protected-access
+
+
+def _layers(layer, opaque) -> list:
+    """The schema-holding sublayers of ``layer`` in Keras' order, each once, without the
+    insides of ``opaque`` types (shared layers such as Merlin's context hold no schema)."""
+    out, seen = [], set()
+
+    def walk(parent):
+        for child in parent._flatten_layers(include_self=False, recursive=False):  # pylint: disable=protected-access
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if hasattr(type(child), "has_schema"):
+                out.append(child)
+            if not isinstance(child, opaque):
+                walk(child)
+
+    walk(layer)
+    return out
+
+
+@contextlib.contextmanager
+def keras_names_kept():
+    """Layers made inside take names without moving Keras' name counters afterwards.
+
+    Why: Horovod pairs collectives across ranks by name, and Keras derives the names of
+    layers, variables and gradients from per-process counters (``dense_5``, ``model_1``).
+    When rank 0 alone builds a model (the export's single-process copy), every layer any
+    rank builds later (a loaded model, say) would be named differently on rank 0 than on the
+    others, and their first broadcast or allreduce would wait forever.
+    """
+    from keras import backend
+
+    counters = backend.get_default_graph_uid_map()
+    saved, observed = dict(counters), set(backend.OBSERVED_NAMES)
+    try:
+        yield
+    finally:
+        counters.clear()
+        counters.update(saved)
+        backend.OBSERVED_NAMES.clear()
+        backend.OBSERVED_NAMES.update(observed)
+
+
+@contextlib.contextmanager
+def same_randomness_on_every_rank(draws: int):
+    """Whatever runs inside leaves Keras' seed generators as ``draws`` seeds would.
+
+    Why: an unseeded Keras initializer draws its seed from Python's ``random`` (or Keras'
+    own generator after ``set_random_seed``) when it first runs, so a rank that initializes
+    more shards draws more seeds, and every layer built afterwards (a model's dense layers)
+    would start from different weights on different ranks, although every rank set the same
+    seed. Here the generators are rewound and advanced by ``draws`` (say, one per table) on
+    every rank alike.
+    """
+    import random
+
+    from keras import backend
+
+    generators = [random]
+    own = getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+    if own is not None:
+        generators.append(own)
+    states = [g.getstate() for g in generators]
+    try:
+        yield
+    finally:
+        for generator, state in zip(generators, states):
+            generator.setstate(state)
+            for _ in range(draws):
+                generator.randint(1, int(1e9))

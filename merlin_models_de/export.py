@@ -9,7 +9,7 @@ Example:
 """
 from __future__ import annotations
 
-from merlin_models_de import comm
+from merlin_models_de import comm, compat
 from merlin_models_de.variables import dense_weights, embedding_blocks
 
 
@@ -102,8 +102,10 @@ def save_single_process(model, save, export_path, *args, **kwargs):
 
 def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
     dense = [w.numpy() for w in dense_weights(model, blocks)]
-    with comm.single_process():
+    with comm.single_process(), compat.keras_names_kept():  # names: the same on every rank
         clone = model.__class__.from_config(model.get_config())
+        # or the config it saves rebuilds another model (see compat.match_schemas)
+        compat.match_schemas(model, clone, opaque=tuple({type(b) for b in blocks}))
         clone(sample_batch(model.schema))
         clone_blocks = embedding_blocks(clone)
         targets = dense_weights(clone, clone_blocks)

@@ -24,7 +24,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import tensorflow as tf
 
-from merlin_models_de import comm
+from merlin_models_de import comm, compat
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
 from merlin_models_de.backends.validate import check_headers, local_problems
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
@@ -78,7 +78,9 @@ class EmbeddingBackend(abc.ABC):
         self.dtype = tf.as_dtype(layer.dtype or "float32")
         if not tf.config.list_logical_devices("GPU"):  # device memory is not known up front
             check_fits(self.plan, self.dtype.size, comm.local_size(), host_memory_bytes())
-        self.create_variables(layer, initializer, trainable)
+        # each rank initializes its own shards; later layers must not start differently
+        with compat.same_randomness_on_every_rank(draws=len(self.plan.tables)):
+            self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
             mark_local(var)
         self._built = True

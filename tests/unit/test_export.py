@@ -86,3 +86,27 @@ def test_checkpoints_name_tables_not_layouts(tmp_path):
     assert {"block/table_user/.ATTRIBUTES/VARIABLE_VALUE",
             "block/table_item/.ATTRIBUTES/VARIABLE_VALUE"} <= names
     assert not [n for n in names if n.startswith(("block/mp_", "block/dp_", "block/rw_"))]
+
+
+def test_the_exported_copy_reloads_as_the_model_and_leaves_names_alone(tmp_path):
+    """The export's single-process copy (rebuilt from the config) saves a config that loads
+    back as the same model (Merlin's SequentialBlock used to hand the DLRM's interaction the
+    input schema: the loaded model dropped its bottom MLP), and building it moves no Keras
+    name counter (rank 0 alone builds it; names must stay equal across ranks)."""
+    from keras import backend
+
+    from merlin_models_de.export import save_single_process
+
+    schema = synthetic("criteo", 8).schema
+    model = mm.DLRMModel(schema, embeddings=DistributedEmbeddings(schema, dim=4),
+                         bottom_block=mm.MLPBlock([4]), top_block=mm.MLPBlock([4]),
+                         prediction_tasks=mm.BinaryClassificationTask("label"))
+    batch = sample_batch(schema, rows=4)
+    want = model(batch, training=False).numpy()
+    counters = dict(backend.get_default_graph_uid_map())
+    save_single_process(model, lambda m, path: m.save(path), str(tmp_path / "saved"))
+    assert dict(backend.get_default_graph_uid_map()) == counters
+
+    loaded = tf.keras.models.load_model(str(tmp_path / "saved"))
+    assert type(loaded.layers[0]).__name__ == "SequentialBlock"  # rebuilt from its config
+    np.testing.assert_allclose(loaded(batch, training=False).numpy(), want, rtol=1e-6)

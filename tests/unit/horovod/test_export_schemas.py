@@ -12,10 +12,6 @@ import tensorflow as tf
 from merlin_models_de import comm
 from tests.unit.horovod import fit_common as fc
 
-# Known open bug (issue 11, item 4): a SavedModel loaded under horovodrun rebuilds a DLRM
-# without its continuous branch (and test_reload hangs a rank); skipped until fixed.
-pytestmark = pytest.mark.skip(reason="loading a SavedModel under horovodrun is broken (issue 11 item 4)")
-
 PER_RANK = 8
 
 # the exported model predicts in a plain process (no Horovod) on every rank's rows
