@@ -73,8 +73,14 @@ class HorovodBackend(EmbeddingBackend):
                                        trainable=True)
 
     def empty_send(self):
-        """A watched empty send (see ``anchor``)."""
-        return tf.zeros([0], self.dtype) + tf.cast(self.anchor, self.dtype) * 0
+        """A watched empty send (see ``anchor``).
+
+        The anchor is broadcast into the empty tensor, not multiplied by 0: Grappler rewrites
+        ``x * 0`` to a constant, which left the backward all-to-all's result unread, so graph
+        mode pruned that collective on this rank alone (a hang in Keras fit). The sum of an
+        empty gradient is still 0.
+        """
+        return tf.zeros([0], self.dtype) + tf.cast(self.anchor, self.dtype)
 
     def local_variables(self) -> list:
         anchor = [self.anchor] if self.anchor is not None else []
@@ -86,12 +92,12 @@ class HorovodBackend(EmbeddingBackend):
         """The three stages; un-pooled (sequence) features come back as ``[ids, dim]`` rows
         in the order of their flat ids (the block restores the ragged / padded shape)."""
         r, n = self.routing, self.routing.world_size
-        ids_by_lookup, checked = self._input_exchange(inputs, batch, header, check)
+        ids_by_lookup, checked, after = self._input_exchange(inputs, batch, header, check)
         with tf.control_dependencies(checked):
             vectors = self._local_lookup(ids_by_lookup)
-            from_owner = self._output_exchange(vectors, batch)
+            from_owner = self._output_exchange(vectors, batch, after)
             if any(r.sequences(j) for j in range(n)):
-                self._sequence_exchange(vectors, inputs, from_owner)
+                self._sequence_exchange(vectors, inputs, from_owner, after)
             outputs = []
             for i, f in enumerate(self.features):
                 parts = []
@@ -103,12 +109,21 @@ class HorovodBackend(EmbeddingBackend):
                         parts.append(pooled_lookup(self.dp[p.table], ids, combiner=f.combiner,
                                                    row_lengths=lengths if f.combiner else None))
                     else:
-                        parts.append(self._row_sliced(inputs[i], f, batch, n))
+                        parts.append(self._row_sliced(inputs[i], f, batch, n, after))
                 outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
         return outputs
 
     def _input_exchange(self, inputs, batch, header, check):
-        """Stage 1. Returns per served lookup its ids from all ranks, and the header checks."""
+        """Stage 1. Returns per served lookup its ids from all ranks, the header checks, and
+        ``after``: an int32 zero computed from this exchange's result.
+
+        Every later exchange adds ``after`` to its splits (or ids). Horovod's ops are not
+        marked stateful, so in graph mode Grappler's constant folding *runs* a collective whose
+        inputs are all constants (an empty send with fixed splits: a rank that serves no
+        pooled, or no un-pooled, lookup) while optimizing the graph, on that rank alone, and
+        every rank hangs. A data dependency on this exchange's result keeps every later
+        collective out of reach of the folding (control dependencies do not).
+        """
         r, n = self.routing, self.routing.world_size
         segments, values, value_splits = [], [], []
         for owner in range(n):
@@ -124,6 +139,8 @@ class HorovodBackend(EmbeddingBackend):
         received, received_splits = comm.alltoall(tf.concat(segments, 0), splits,
                                                   name=self.collective_name("ids"))
         checked = check(received, received_splits)
+        # 0, but only known once the exchange ran (Grappler folds tf.size of its output)
+        after = tf.minimum(tf.reduce_min(tf.cast(received_splits, tf.int32)), 0)
         with tf.control_dependencies(checked):
             mine = r.served[self.rank]
             n_oh, n_mh = r.counts(self.rank)
@@ -133,14 +150,14 @@ class HorovodBackend(EmbeddingBackend):
             # every rank joins the values exchange when any rank serves a multi-hot lookup
             if any(r.counts(j)[1] for j in range(n)):
                 per_lookup += self._multi_hot_exchange(values, value_splits, body[:, n_oh:, :],
-                                                       batch, n_mh)
-        return dict(zip(range(len(mine)), per_lookup)), checked
+                                                       batch, n_mh, after)
+        return dict(zip(range(len(mine)), per_lookup)), checked, after
 
-    def _multi_hot_exchange(self, values, value_splits, lengths, batch, n_mh):
+    def _multi_hot_exchange(self, values, value_splits, lengths, batch, n_mh, after):
         """Stage 1b: the ids of multi-hot lookups; ``lengths`` is ``[N, n_mh, B]``."""
         n = self.routing.world_size
         sent = tf.concat(values, 0) if values else tf.zeros([0], tf.int64)
-        received, _ = comm.alltoall(sent, tf.cast(tf.stack(value_splits), tf.int32),
+        received, _ = comm.alltoall(sent, tf.cast(tf.stack(value_splits), tf.int32) + after,
                                     name=self.collective_name("values"))
         rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(lengths, [-1]))
         out = []
@@ -172,7 +189,7 @@ class HorovodBackend(EmbeddingBackend):
                 out.append(named_gather(var, ids, name))
         return out
 
-    def _output_exchange(self, vectors, batch):
+    def _output_exchange(self, vectors, batch, after):
         """Stage 3: per owner, ``{served index: [B, cols]}`` for this rank's samples.
 
         Each owner's message to a rank is lookup-major (all of lookup 0's ``[B, cols]``, then
@@ -190,7 +207,7 @@ class HorovodBackend(EmbeddingBackend):
             flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled], axis=1), [-1])
         else:
             flat = self.empty_send()
-        received, _ = comm.alltoall(flat, tf.fill([n], b * widths[self.rank]),
+        received, _ = comm.alltoall(flat, tf.fill([n], b * widths[self.rank]) + after,
                                     name=self.collective_name("vectors"))
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
             mine = [(k, l.shard.cols) for k, l in enumerate(r.served[j]) if not l.sequence]
@@ -198,7 +215,7 @@ class HorovodBackend(EmbeddingBackend):
             out[j].update({k: tf.reshape(p, [-1, c]) for (k, c), p in zip(mine, pieces)})
         return out
 
-    def _sequence_exchange(self, vectors, inputs, out):
+    def _sequence_exchange(self, vectors, inputs, out, after):
         """Stage 3b, un-pooled lookups: each owner sends every rank one row per id it sent;
         sizes vary by rank and step, and both sides know them (the ids per rank)."""
         r, n = self.routing, self.routing.world_size
@@ -210,7 +227,7 @@ class HorovodBackend(EmbeddingBackend):
                 per_dest[j].append(tf.reshape(block, [-1]))
             splits += per_rank * cols
         flat = tf.concat([t for dest in per_dest for t in dest], 0) if mine else self.empty_send()
-        received, _ = comm.alltoall(flat, splits, name=self.collective_name("sequences"))
+        received, _ = comm.alltoall(flat, splits + after, name=self.collective_name("sequences"))
         sizes = {}  # (owner, served index) -> flat size of my rows
         for j in range(n):
             for k, l in r.sequences(j):
@@ -220,14 +237,16 @@ class HorovodBackend(EmbeddingBackend):
         for ((j, k), (_, cols)), piece in zip(sizes.items(), pieces):
             out[j][k] = tf.reshape(piece, [-1, cols])
 
-    def _row_sliced(self, value, feature, batch, n):
+    def _row_sliced(self, value, feature, batch, n, after):
         """A row-sliced table: gather every rank's ids, look up the local rows, sum back."""
         var = self.rw[feature.table]
         shard = next(s for s in self.plan.shards_on(self.rank) if s.table == feature.table)
         ids, lengths = value
+        ids = ids + tf.cast(after, ids.dtype)  # after the input exchange (see _input_exchange)
         tag = f"rw_{feature.name}"
         all_ids = comm.allgather(ids, name=self.collective_name(tag + "_ids"))
-        all_lengths = (comm.allgather(lengths, name=self.collective_name(tag + "_lengths"))
+        all_lengths = (comm.allgather(lengths + tf.cast(after, lengths.dtype),
+                                      name=self.collective_name(tag + "_lengths"))
                        if lengths is not None else None)
         sequence = feature.multi_hot and feature.combiner is None
         partial = pooled_lookup(var, all_ids, combiner=feature.combiner,
