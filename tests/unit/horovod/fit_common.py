@@ -22,7 +22,8 @@ def build_model(spec):
     return mm.DLRMModel(
         s, embeddings=mm.DistributedEmbeddings(s, dim=8, strategy=spec["strategy"],
                                                column_slice_threshold=spec.get("column"),
-                                               backend=spec.get("backend", "auto")),
+                                               backend=spec.get("backend", "auto"),
+                                               **spec.get("block_options", {})),
         bottom_block=mm.MLPBlock([8]), top_block=mm.MLPBlock([8]),
         prediction_tasks=mm.BinaryClassificationTask("label"))
 

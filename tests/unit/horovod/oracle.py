@@ -67,12 +67,16 @@ def global_tables(tables, seed):
     return {t.name: rng.normal(0, 0.5, (t.rows, t.dim)).astype(np.float32) for t in tables}
 
 
-def reference_forward(variables, features, inputs):
+def reference_forward(variables, features, inputs, layers=None):
+    """``layers``: ``{feature: layer}`` applied to a list feature's un-pooled rows (a Keras
+    layer given as ``sequence_combiner``)."""
     out = {}
     for f in features:
         value = inputs[f.name]
         if f.multi_hot and f.combiner is None:
             out[f.name] = tf.gather(variables[f.table], value)  # ragged [B, None, dim]
+            if layers and f.name in layers:
+                out[f.name] = layers[f.name](out[f.name])
         elif f.multi_hot:
             out[f.name] = tf.nn.embedding_lookup_sparse(
                 variables[f.table], value.to_sparse(), None, combiner=f.combiner)
@@ -112,18 +116,27 @@ def make_probes(features, tables, seed):
     return {f.name: tf.constant(rng.normal(size=dims[f.table]), tf.float32) for f in features}
 
 
-def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targets):
-    """One process, global batch: returns (first outputs, per-step losses, final tables)."""
+def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targets,
+                  extra_loss=None, frozen=(), layers=None):
+    """One process, global batch: returns (first outputs, per-step losses, final tables).
+
+    ``extra_loss(variables, outputs)`` is added to the loss (regularization, as Keras adds
+    ``model.losses``); tables named in ``frozen`` are not trained; ``layers`` as in
+    :func:`reference_forward`.
+    """
     variables = {name: tf.Variable(a) for name, a in arrays.items()}
     inputs = select(batch, 0, n_total)
-    first = dict(reference_forward(variables, block.features, inputs))
+    first = dict(reference_forward(variables, block.features, inputs, layers))
     opt, losses = OPTIMIZERS[optimizer](), []
+    trained = [v for name, v in variables.items() if name not in frozen]
     for _ in range(steps):
         with tf.GradientTape() as tape:
-            loss = loss_fn(reference_forward(variables, block.features, inputs), block.features,
-                           probes, tf.constant(targets, tf.float32))
-        grads = tape.gradient(loss, list(variables.values()))
-        opt.apply_gradients(zip(grads, variables.values()))
+            outputs = reference_forward(variables, block.features, inputs, layers)
+            loss = loss_fn(outputs, block.features, probes, tf.constant(targets, tf.float32))
+            if extra_loss is not None:
+                loss += extra_loss(variables, outputs)
+        grads = tape.gradient(loss, trained)
+        opt.apply_gradients(zip(grads, trained))
         losses.append(float(loss))
     return first, losses, {k: v.numpy() for k, v in variables.items()}
 
@@ -147,6 +160,8 @@ def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, ta
     def step(x):
         with tf.GradientTape() as tape:
             loss = loss_fn(block(x, training=True), block.features, probes, local_targets)
+            if block.losses:  # regularization: differentiated with the loss, as Keras' fit
+                loss += tf.add_n(block.losses)
         tape = DistributedGradientTape(tape, block)
         grads = tape.gradient(loss, block.trainable_variables)
         opt.apply_gradients(zip(grads, block.trainable_variables))
