@@ -69,6 +69,38 @@ class TableHandle:
         return var if first == 0 and var.shape[0] == self.spec.rows else \
             var[first:first + self.spec.rows]
 
+    @property
+    def sharded(self) -> bool:
+        """True when no rank holds the whole table (more than one rank, not data-parallel)."""
+        return not self._whole()
+
+    def check_whole_rows(self) -> None:
+        """Raises unless each rank holds whole rows (column slices split every row)."""
+        if self.block.plan.kind_of(self.name) is ShardingType.COLUMN_WISE:
+            raise ValueError(
+                f"Table '{self.name}' is column-sliced across ranks; scoring against the whole "
+                "catalog needs whole rows on each rank. Place it by rows (row_slice_threshold) "
+                "or whole (raise column_slice_threshold above its "
+                f"{self.spec.rows * self.spec.dim} elements).")
+
+    def local_rows(self):
+        """``(rows [R, dim], row_offset)``: this rank's rows of the table, for outputs that
+        score hidden states against the catalog (:mod:`merlin_models_de.vocab_parallel`).
+
+        Row slices give each rank its range; a table placed whole on one rank gives the
+        others 0 rows. Column slices raise (every rank would hold part of every row).
+        """
+        self.check_whole_rows()
+        self.block._ensure_built()  # pylint: disable=protected-access
+        mine = [s for s in self.block.plan.shards_of(self.name) if s.rank == self.block.rank]
+        if not mine:  # the table lives whole on another rank
+            return tf.zeros([0, self.dim], self.block.backend.dtype), 0
+        shard = mine[0]
+        var, first = self.block.backend.shard_variable(shard)
+        if first == 0 and var.shape[0] == shard.rows:
+            return var, shard.row_start
+        return var[first:first + shard.rows], shard.row_start
+
     def build(self, input_shapes=None):
         self.block._ensure_built()  # pylint: disable=protected-access
 

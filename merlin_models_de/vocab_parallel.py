@@ -76,6 +76,19 @@ _SENTINEL_ID = tf.int64.max  # padding candidate id: sorts after every real id
 _BATCH, _TARGETS, _OFFSET, _ROWS, _COLS, _BIAS, _WIDTH = range(7)
 
 
+def _after(x, *previous):
+    """``x`` plus a zero computed from ``previous`` (a data dependency).
+
+    Horovod's graph collectives are not stateful: TF prunes one whose output nobody reads
+    (a rank holding 0 rows reads no gathered data) and may start independent ones in any
+    order. Feeding every collective a zero derived from the previous one's output makes
+    every rank run every collective, in one order. ``min(size, 0)`` of a tensor whose size
+    is only known at run time cannot be folded away.
+    """
+    zero = tf.add_n([tf.minimum(tf.size(p, out_type=tf.int64), 0) for p in previous])
+    return x + tf.cast(zero, x.dtype)
+
+
 # ---- input checks ------------------------------------------------------------------------------
 
 
@@ -122,7 +135,9 @@ def _exchange_header(where, name, hidden, n_targets, table, bias, row_offset, nu
         tf.cast(row_offset, tf.int64), rows[0], rows[1],
         tf.size(bias, out_type=tf.int64) if bias is not None else tf.constant(-1, tf.int64),
         tf.constant(hidden.shape[-1], tf.int64)])
-    header = tf.reshape(comm.allgather(mine[None], name=f"{name}_header"), [-1, 7])
+    # after the hidden states exist: this step's earlier collectives (the block's) come first
+    header = tf.reshape(comm.allgather(_after(mine, hidden)[None], name=f"{name}_header"),
+                        [-1, 7])
     catalog = (tf.reduce_sum(header[:, _ROWS]) if num_rows is None
                else tf.constant(num_rows, tf.int64))
     ranks = tf.range(tf.shape(header, out_type=tf.int64)[0])
@@ -286,8 +301,9 @@ def _gather_inputs(where, name, hidden, targets, table, bias, row_offset, num_ro
     header, catalog, checks = _exchange_header(where, name, hidden, n_targets,
                                                table, bias, row_offset, num_rows)
     with tf.control_dependencies(checks):  # nothing else moves before every rank checked
-        global_hidden = comm.allgather(tf.identity(hidden), name=f"{name}_hidden")
-        global_targets = (comm.allgather(tf.identity(targets), name=f"{name}_targets")
+        # one order on every rank: header, hidden, targets (see ``_after``)
+        global_hidden = comm.allgather(_after(hidden, header), name=f"{name}_hidden")
+        global_targets = (comm.allgather(_after(targets, global_hidden), name=f"{name}_targets")
                           if targets is not None else None)
     return global_hidden, global_targets, tf.cast(header[:, _BATCH], tf.int32), catalog, header
 
@@ -340,8 +356,9 @@ def sharded_softmax_cross_entropy(hidden, targets, table_rows, row_offset, num_r
             where, name, hidden, targets, table, bias, row_offset, num_rows)
         with tf.control_dependencies([_check_targets(where, y, header, catalog)]):
             m, s, t = _local_stats(h, y, table, bias, row_offset, chunk_rows)
-        stats = tf.reshape(_to_owners(tf.stack([m, s, t], axis=1), sizes, f"{name}_stats"),
-                           [comm.size(), -1, 3])
+        # a rank with 0 rows computes m, s, t from shapes only: tie them to the targets
+        stats = tf.reshape(_to_owners(_after(tf.stack([m, s, t], axis=1), y), sizes,
+                                      f"{name}_stats"), [comm.size(), -1, 3])
         top = tf.reduce_max(stats[..., 0], axis=0)
         shift = tf.where(tf.math.is_inf(top), tf.zeros_like(top), top)
         lse = shift + tf.math.log(tf.reduce_sum(stats[..., 1] * tf.exp(stats[..., 0] - shift),
@@ -354,9 +371,10 @@ def sharded_softmax_cross_entropy(hidden, targets, table_rows, row_offset, num_r
             d_table, d_bias, d_h = _local_grads(h, y, table, bias, row_offset, both[:, 1],
                                                 both[:, 0], chunk_rows)
             # reduce-scatter: each owner sums every rank's partial d hidden of its examples
+            # (a rank with 0 rows never reads ``both``: without the tie TF prunes its gather)
             d_hidden = tf.reduce_sum(tf.reshape(
-                _to_owners(d_h, sizes, f"{name}_grad_hidden"), [comm.size(), -1, h.shape[1]]),
-                axis=0)
+                _to_owners(_after(d_h, both), sizes, f"{name}_grad_hidden"),
+                [comm.size(), -1, h.shape[1]]), axis=0)
             return (d_hidden, d_table) + ((d_bias,) if bias is not None else ())
 
         return loss, backward
@@ -430,7 +448,8 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
         x = tf.reshape(_to_owners(x, sizes, f"{name}_{stage}"), [n, -1, k])
         return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, n * k])
 
-    return _merge_top_k(per_owner(scores, "scores"), per_owner(ids, "ids"), k)
+    scores = per_owner(scores, "scores")
+    return _merge_top_k(scores, per_owner(_after(ids, scores), "ids"), k)
 
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "sharded_softmax_cross_entropy", "sharded_top_k"]

@@ -17,15 +17,16 @@ PER_RANK = 32
 STEPS = 4
 
 
-def reference(spec, data, tmp):
-    """Rank 0 runs the single-process reference; every rank gets its results."""
+def reference(spec, data, tmp, runner="tests.unit.horovod.fit_reference"):
+    """Rank 0 runs the single-process reference (module ``runner``: IN.npz OUT.npz); every
+    rank gets its results."""
     result = None
     if comm.rank() == 0:
         src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
         np.savez(src, spec=json.dumps(spec), **data)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))}
-        run = subprocess.run([sys.executable, "-m", "tests.unit.horovod.fit_reference", src, dst],
+        run = subprocess.run([sys.executable, "-m", runner, src, dst],
                              capture_output=True, text=True, timeout=600, env=env,
                              cwd=os.getcwd())
         if run.returncode == 0:

@@ -1,0 +1,97 @@
+"""The tied CategoricalOutput over a sharded item table in Merlin's ``fit`` / ``evaluate``:
+N ranks with per-rank batch B against one process (a subprocess without Horovod, Merlin's own
+full-logits softmax) with batch N*B and N times the learning rate: per-step losses and final
+tables and dense weights equal."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from merlin_models_de import comm
+from merlin_models_de.planner.types import ShardingType
+from tests.unit.horovod import tied_reference as tr
+from tests.unit.horovod.test_fit import reference as fit_reference
+
+PER_RANK, STEPS = 8, 4
+
+
+def reference(spec, data, tmp):
+    return fit_reference(spec, data, tmp, runner="tests.unit.horovod.tied_reference")
+
+
+# basic deals the tables in turn: "user" to rank 0, "item" whole to rank 1 (rank 0 holds no
+# item rows); a row-slice threshold below the item table's 400 elements splits it by rows
+LAYOUTS = {"table_wise": dict(strategy="basic"), "row_sliced": dict(strategy="basic", row=300)}
+
+
+@pytest.mark.parametrize("layout, optimizer, eager", [
+    ("table_wise", "sgd", False), ("row_sliced", "adagrad", False), ("row_sliced", "sgd", True),
+    ("table_wise", "adagrad", True)])
+def test_fit_with_a_sharded_tied_output_equals_one_process(hvd, tmp_path_factory, layout,
+                                                           optimizer, eager):
+    n, r = comm.size(), comm.rank()
+    spec = dict(LAYOUTS[layout], optimizer=optimizer, eager=eager, lr=0.3, world_size=n,
+                per_rank=PER_RANK, chunk_rows=16)
+    data = comm.broadcast_object(tr.make_data(n * PER_RANK * STEPS, seed=7))
+    ref = reference(spec, data, str(tmp_path_factory.mktemp("tied")))
+
+    model, block = tr.build_model(dict(spec, block="de"))
+    want_kind = ShardingType.ROW_WISE if layout == "row_sliced" else ShardingType.TABLE_WISE
+    assert block.plan.kind_of("item") is want_kind and block["item"].sharded
+    x, y = tr.split_xy(data, tr.rank_rows(n * PER_RANK * STEPS, PER_RANK, n, r))
+    # build by a training call: inference has no logits to give on a sharded table
+    model({k: tf.constant(v[:2]) for k, v in x.items()}, targets=tf.constant(y[:2]),
+          training=True)
+    tr.restore(model, block, ref, "initial")
+    losses = tr.train(model, x, y, PER_RANK, spec, spec["lr"])  # Merlin scales lr by n
+
+    per_step = np.mean(comm.allgather_object(losses), axis=0)
+    np.testing.assert_allclose(per_step, ref["losses"], rtol=1e-5, atol=1e-6)
+    final = tr.snapshot(model, block)
+    for key, value in final.items():
+        np.testing.assert_allclose(value, ref[f"final/{key}"], rtol=1e-4, atol=1e-6, err_msg=key)
+    assert not np.allclose(final["table/item"], ref["initial/table/item"])  # it trained
+
+    evaluation = model.evaluate(tr.dataset(x, y, PER_RANK), verbose=0, return_dict=True)
+    # the loss metric's state is summed over ranks: the mean over the global data
+    assert evaluation["loss"] == pytest.approx(float(ref["evaluation_loss"]), rel=1e-5)
+
+
+def test_a_target_outside_the_catalog_on_one_rank_fails_every_rank(hvd):
+    n, r = comm.size(), comm.rank()
+    spec = dict(LAYOUTS["row_sliced"], optimizer="sgd", lr=0.1)
+    model, _ = tr.build_model(dict(spec, block="de"))
+    x, y = tr.split_xy(tr.make_data(PER_RANK, seed=2 + r))
+    if r == n - 1:
+        y[3] = tr.ITEMS + 5
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"(?s)mmde_tied_item.*catalog.*example:\D+{tr.ITEMS}\D+"
+                             rf"{tr.ITEMS + 5}\D+{n - 1}\D+3\b"):
+        tr.train(model, x, y, PER_RANK, spec, spec["lr"])
+    got = comm.allgather(tf.constant([comm.rank()]), name="tied_after_bad_target").numpy()
+    np.testing.assert_array_equal(got, np.arange(comm.size()))
+
+
+def test_predict_on_a_sharded_table_fails_on_every_rank(hvd):
+    model, _ = tr.build_model(dict(LAYOUTS["row_sliced"], block="de"))
+    x, _ = tr.split_xy(tr.make_data(4, seed=1))
+    with pytest.raises(ValueError, match=r"Table 'item' is sharded across 2 ranks.*predict"):
+        model({k: tf.constant(v) for k, v in x.items()})
+    got = comm.allgather(tf.constant([comm.rank()]), name="tied_after_error").numpy()
+    np.testing.assert_array_equal(got, np.arange(comm.size()))
+
+
+def test_a_column_sliced_item_table_is_refused_on_every_rank(hvd):
+    import merlin.models.tf as mm
+
+    from merlin_models_de.outputs import CategoricalOutput
+
+    block = mm.DistributedEmbeddings(tr.schema(), dim=tr.DIM, strategy="basic",
+                                     column_slice_threshold=200)
+    assert block.plan.kind_of("item") is ShardingType.COLUMN_WISE
+    with pytest.raises(ValueError, match="Table 'item' is column-sliced across ranks"):
+        CategoricalOutput(to_call=block["item"], target=tr.TARGET)

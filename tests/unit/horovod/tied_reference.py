@@ -1,0 +1,150 @@
+"""A next-item model with a weight-tied output, and its single-process reference run.
+
+Shared by tests/unit/horovod/test_tied_output.py (2 ranks) and tests/unit/test_tied_output.py
+(one process). The model: a user id and the previous item (the item table, ``item``) ->
+concatenated embeddings -> a dense layer to the table's width -> ``CategoricalOutput`` tied to
+the item table, predicting ``next_item``.
+
+Usage: python -m tests.unit.horovod.tied_reference IN.npz OUT.npz
+(a plain subprocess without Horovod): builds the model at world size 1, where the tied output
+is Merlin's own (full logits, categorical cross-entropy), records its initial weights, trains
+one epoch on the global data with the global batch and N times the learning rate, and saves
+the weights, per-step losses and evaluate()'s loss after training.
+"""
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+ITEMS, USERS, DIM = 50, 20, 8
+TARGET = "next_item"
+
+
+def schema():
+    from merlin.schema import Schema
+
+    from tests.unit.helpers import cat
+
+    return Schema([cat("user", USERS - 1), cat("prev_item", ITEMS - 1, domain_name="item")])
+
+
+def dense_layer():
+    return tf.keras.layers.Dense(DIM, name="to_item_space")
+
+
+def build_model(spec):
+    """``spec``: ``block`` ("mm": mm.Embeddings + mm.CategoricalOutput; "de":
+    DistributedEmbeddings + this package's output), ``strategy``, ``row`` (row-slice
+    threshold), ``vocab_parallel`` (None / True / False), ``chunk_rows``."""
+    import merlin.models.tf as mm
+
+    import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
+    from merlin_models_de.outputs import CategoricalOutput
+
+    s = schema()
+    tf.keras.utils.set_random_seed(1)
+    if spec.get("block") == "mm":
+        block = mm.Embeddings(s, dim=DIM)
+        output = mm.CategoricalOutput(to_call=block["item"], target=TARGET)
+    else:
+        block = mm.DistributedEmbeddings(s, dim=DIM, strategy=spec.get("strategy", "basic"),
+                                         row_slice_threshold=spec.get("row"), backend="horovod")
+        output = CategoricalOutput(to_call=block["item"], target=TARGET,
+                                   vocab_parallel=spec.get("vocab_parallel"),
+                                   chunk_rows=spec.get("chunk_rows", 16))
+    model = mm.Model(mm.InputBlockV2(s, categorical=block), dense_layer(), output)
+    return model, block
+
+
+def make_data(rows, seed):
+    rng = np.random.default_rng(seed)
+    return {"user": rng.integers(0, USERS, rows), "prev_item": rng.integers(0, ITEMS, rows),
+            TARGET: rng.integers(0, ITEMS, rows)}
+
+
+def split_xy(data, rows=None):
+    pick = slice(None) if rows is None else rows
+    x = {k: v[pick].reshape(-1, 1) for k, v in data.items() if k != TARGET}
+    return x, data[TARGET][pick].reshape(-1, 1)
+
+
+def rank_rows(total, per_rank, world_size, rank):
+    """Rows of ``rank``: its slice of every global batch, so rank batches concat to it."""
+    batch = per_rank * world_size
+    return np.concatenate([np.arange(start + rank * per_rank, start + (rank + 1) * per_rank)
+                           for start in range(0, total, batch)])
+
+
+def tables_of(block):
+    """{table: full array}; collective for a DistributedEmbeddings block."""
+    if hasattr(block, "get_global_weights"):
+        return block.get_global_weights()
+    return {name: t.table.embeddings.numpy() for name, t in block.parallel_dict.items()}
+
+
+def set_tables(block, arrays):
+    if hasattr(block, "set_global_weights"):
+        block.set_global_weights(arrays)
+    else:
+        for name, table in block.parallel_dict.items():
+            table.table.embeddings.assign(arrays[name])
+
+
+def snapshot(model, block):
+    out = {f"table/{k}": v for k, v in tables_of(block).items()}
+    out.update({f"dense/{i}": w for i, w in enumerate(model.get_layer("to_item_space")
+                                                      .get_weights())})
+    return out
+
+
+def restore(model, block, weights, prefix):
+    set_tables(block, {k.split("/", 2)[2]: v for k, v in weights.items()
+                       if k.startswith(f"{prefix}/table/")})
+    layer = model.get_layer("to_item_space")
+    layer.set_weights([weights[f"{prefix}/dense/{i}"] for i in range(len(layer.weights))])
+
+
+def optimizer(name, lr):
+    legacy = tf.keras.optimizers.legacy
+    return {"sgd": legacy.SGD, "adagrad": legacy.Adagrad}[name](lr)
+
+
+def dataset(x, y, batch):
+    """Batches in order, with an unknown static batch size (as a data loader gives them).
+
+    (With NumPy arrays Keras gives a static batch size; the block's outputs on several ranks
+    then mix static and unknown batch sizes, which Merlin's concatenation refuses.)
+    """
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+def train(model, x, y, batch, spec, lr):
+    model.compile(optimizer=optimizer(spec["optimizer"], lr),
+                  run_eagerly=spec.get("eager", False))
+    from tests.unit.horovod.fit_common import LossRecorder
+
+    losses = LossRecorder()
+    model.fit(dataset(x, y, batch), epochs=1, verbose=0, callbacks=[losses])
+    return losses.losses
+
+
+def main(src, dst):
+    data = dict(np.load(src, allow_pickle=True))
+    spec = json.loads(str(data.pop("spec")))
+    model, block = build_model(dict(spec, block="de", strategy="basic", row=None,
+                                    vocab_parallel=False))
+    x, y = split_xy(data)
+    model({k: tf.constant(v[:2]) for k, v in x.items()})
+    initial = snapshot(model, block)
+    n = spec["world_size"]
+    losses = train(model, x, y, spec["per_rank"] * n, spec, spec["lr"] * n)
+    evaluation = model.evaluate(dataset(x, y, spec["per_rank"] * n), verbose=0,
+                                return_dict=True)
+    out = {f"initial/{k}": v for k, v in initial.items()}
+    out.update({f"final/{k}": v for k, v in snapshot(model, block).items()})
+    np.savez(dst, losses=np.array(losses), evaluation_loss=evaluation["loss"], **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
