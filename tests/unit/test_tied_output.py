@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tests.unit.horovod import tied_reference as tr
+from tests.unit.horovod.fit_common import LossRecorder
 
 BATCH, STEPS = 16, 4
 
@@ -85,7 +86,7 @@ def test_sample_weights_weigh_the_vocab_parallel_loss_as_merlins():
     losses = []
     for model in (merlin, ours):
         model.compile(optimizer=tr.optimizer("sgd", 0.5))
-        recorder = tr.LossRecorder()
+        recorder = LossRecorder()
         model.fit(tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(BATCH), verbose=0,
                   callbacks=[recorder])
         losses.append(recorder.losses)
