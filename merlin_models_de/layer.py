@@ -171,6 +171,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
         result = {f.name: sequence_output(out, inputs[f.name], dims[f.table])
                   if f.multi_hot and f.combiner is None and f.name in inputs else out
                   for f, out in zip(self.features, outputs)}
+        result = {name: _static_batch(out, inputs.get(name)) for name, out in result.items()}
         for name, layer in self.combiner_layers.items():
             result[name] = layer(result[name], training=training)
         for f in self.features:
@@ -335,3 +336,15 @@ def _check_unsupported(activity_regularizer, table_cls, pre, post, aggregation, 
                 f"DistributedEmbeddings does not support {key} (supported: {default}). "
                 f"Received: {key}={value!r}")
 
+
+
+def _static_batch(out, ids):
+    """``out`` with its input's static batch size: outputs that came through an exchange lose
+    it in a graph, and Merlin's concatenation refuses features whose batch sizes differ
+    statically (one known, one not)."""
+    batch = getattr(getattr(ids, "shape", None), "rank", None) and ids.shape[0]
+    if batch is None or not isinstance(out, tf.Tensor) or not out.shape.rank:
+        return out
+    if out.shape[0] is not None:
+        return out
+    return tf.ensure_shape(out, [batch] + out.shape.as_list()[1:])

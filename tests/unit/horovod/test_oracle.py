@@ -123,3 +123,26 @@ def test_unpooled_sequences_in_graph_mode_match_the_oracle(hvd):
                        column_slice_threshold=3000, row_slice_threshold=10_000,
                        data_parallel_threshold=60)
     assert_matches_oracle(block, "sgd", seed=11, graph=True)
+
+
+
+def test_outputs_keep_the_static_batch_size_in_a_graph(hvd):
+    """With a static batch (Keras fit on NumPy arrays), every output has it in a graph,
+    whatever the sharding kind: Merlin's concatenation refuses a mix of known and unknown
+    batch sizes."""
+    import tensorflow as tf
+
+    block = make_block(**dict((p[0], p[1]) for p in PLACEMENTS)["everything"])
+    batch = oracle.global_batch(block.features, block.tables, comm.size() * PER_RANK, seed=3)
+    r = comm.rank()
+    inputs = oracle.select(batch, r * PER_RANK, (r + 1) * PER_RANK)
+    static = {}
+
+    @tf.function
+    def forward(x):
+        out = block(x)
+        static.update({k: v.shape[0] for k, v in out.items()})  # while tracing
+        return out
+
+    forward(inputs)
+    assert static == {f.name: PER_RANK for f in block.features}, static
