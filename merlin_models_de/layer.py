@@ -342,9 +342,9 @@ def _static_batch(out, ids):
     """``out`` with its input's static batch size: outputs that came through an exchange lose
     it in a graph, and Merlin's concatenation refuses features whose batch sizes differ
     statically (one known, one not)."""
-    batch = getattr(getattr(ids, "shape", None), "rank", None) and ids.shape[0]
-    if batch is None or not isinstance(out, tf.Tensor) or not out.shape.rank:
-        return out
-    if out.shape[0] is not None:
+    shape = getattr(ids, "shape", None)
+    batch = shape[0] if shape is not None and shape.rank else None
+    if (batch is None or not isinstance(out, tf.Tensor) or out.shape.rank is None
+            or out.shape[:1].is_fully_defined()):
         return out
     return tf.ensure_shape(out, [batch] + out.shape.as_list()[1:])

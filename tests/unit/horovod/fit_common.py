@@ -81,11 +81,12 @@ def restore(model, weights, prefix):
 
 
 class LossRecorder(tf.keras.callbacks.Callback):
-    """Per-step losses (Merlin logs the batch loss as ``loss_batch``)."""
+    """Per-step values of the log ``key`` (Merlin logs the batch loss as ``loss_batch``, the
+    sum of ``model.losses`` as ``regularization_loss``)."""
 
-    def __init__(self):
+    def __init__(self, key="loss_batch"):
         super().__init__()
-        self.losses = []
+        self.key, self.losses = key, []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.losses.append(float(logs["loss_batch"]))
+        self.losses.append(float(logs[self.key]))

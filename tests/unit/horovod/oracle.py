@@ -171,3 +171,43 @@ def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, ta
     for _ in range(steps):
         losses.append(float(comm.allreduce(step(inputs))))
     return first, losses, block.get_global_weights()
+
+
+def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), layers=None,
+                          graph=False, per_rank=16, steps=3):
+    """Forward, per-step total losses and trained tables equal one process on the global batch;
+    tables in ``frozen`` keep their initial values exactly, every other table trains (so the
+    comparison means something). ``extra_loss(variables, outputs)``: the regularization the
+    reference adds, checked to be a real share of the loss."""
+    n, r = comm.size(), comm.rank()
+    total = n * per_rank
+    tables = block.tables
+    arrays = global_tables(tables, seed)
+    batch = global_batch(block.features, tables, total, seed + 1)
+    probes = make_probes(block.features, tables, seed + 2)
+    targets = np.random.default_rng(seed + 3).normal(size=total).astype(np.float32)
+    ref_first, ref_losses, ref_tables = run_reference(
+        block, arrays, batch, total, optimizer, steps, probes, targets,
+        extra_loss=extra_loss, frozen=frozen, layers=layers)
+    first, losses, got_tables = run_distributed(
+        block, arrays, batch, per_rank, optimizer, steps, probes, targets, graph=graph)
+    for name, want in ref_first.items():
+        want = to_numpy(want, r * per_rank, (r + 1) * per_rank)
+        got = first[name]
+        if isinstance(want, tuple):  # un-pooled: same row lengths, same rows
+            np.testing.assert_array_equal(got[1], want[1], err_msg=f"row lengths {name}")
+            got, want = got[0], want[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"forward {name}")
+    if extra_loss is not None:  # the regularization is a real share of the loss it checks
+        main = run_reference(block, arrays, batch, total, optimizer, 1, probes,
+                                    targets, frozen=frozen, layers=layers)[1][0]
+        assert ref_losses[0] > 1.05 * main, (ref_losses[0], main)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6,
+                               err_msg="total loss per step (main + regularization)")
+    for name, want in ref_tables.items():
+        if name in frozen:  # never touched, on any rank
+            np.testing.assert_array_equal(got_tables[name], arrays[name], err_msg=name)
+            continue
+        np.testing.assert_allclose(got_tables[name], want, rtol=1e-4, atol=2e-6,
+                                   err_msg=f"table {name} after {steps} {optimizer} steps")
+        assert not np.allclose(want, arrays[name]), f"table {name} did not train"

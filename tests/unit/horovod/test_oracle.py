@@ -7,7 +7,6 @@ from merlin_models_de.planner import ShardingType
 from tests.unit.horovod import oracle
 
 PER_RANK = 16
-STEPS = 3
 
 # (id, placement options, kinds that must appear in the plan)
 PLACEMENTS = [
@@ -35,35 +34,6 @@ def make_block(combiners=oracle.COMBINERS, **options):
                                  sequence_combiner=combiners, backend="horovod", **options)
 
 
-def assert_matches_oracle(block, optimizer, seed, graph=False):
-    n = comm.size()
-    total = n * PER_RANK
-    tables = block.tables
-    arrays = oracle.global_tables(tables, seed)
-    batch = oracle.global_batch(block.features, tables, total, seed + 1)
-    probes = oracle.make_probes(block.features, tables, seed + 2)
-    targets = np.random.default_rng(seed + 3).normal(size=total).astype(np.float32)
-    ref_first, ref_losses, ref_tables = oracle.run_reference(
-        block, arrays, batch, total, optimizer, STEPS, probes, targets)
-    first, losses, got_tables = oracle.run_distributed(
-        block, arrays, batch, PER_RANK, optimizer, STEPS, probes, targets, graph=graph)
-    r = comm.rank()
-    for name, want in ref_first.items():
-        want = oracle.to_numpy(want, r * PER_RANK, (r + 1) * PER_RANK)
-        got = first[name]
-        if isinstance(want, tuple):  # un-pooled: same row lengths, same rows
-            np.testing.assert_array_equal(got[1], want[1], err_msg=f"row lengths {name}")
-            got, want = got[0], want[0]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"forward {name}")
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
-    changed = 0
-    for name, want in ref_tables.items():
-        np.testing.assert_allclose(got_tables[name], want, rtol=1e-4, atol=2e-6,
-                                   err_msg=f"table {name} after {STEPS} {optimizer} steps")
-        changed += int(not np.allclose(want, arrays[name]))
-    assert changed == len(ref_tables)  # every table trained, so the comparison means something
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 @pytest.mark.parametrize("case", PLACEMENTS, ids=[p[0] for p in PLACEMENTS])
 def test_forward_and_training_match_the_oracle(hvd, case, optimizer):
@@ -71,18 +41,18 @@ def test_forward_and_training_match_the_oracle(hvd, case, optimizer):
     block = make_block(**options)
     present = {s.kind for s in block.plan.shards}
     assert kinds <= present, (kinds, present)
-    assert_matches_oracle(block, optimizer, seed=sum(map(ord, case[0] + optimizer)))
+    oracle.assert_matches_oracle(block, optimizer, seed=sum(map(ord, case[0] + optimizer)))
 
 
 def test_adam_matches_the_oracle(hvd):
-    assert_matches_oracle(make_block(strategy="memory_balanced", column_slice_threshold=4000),
-                          "adam", seed=7)
+    block = make_block(strategy="memory_balanced", column_slice_threshold=4000)
+    oracle.assert_matches_oracle(block, "adam", seed=7)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_graph_mode_training_matches_the_oracle(hvd, optimizer):
     _, options, _ = PLACEMENTS[-1]
-    assert_matches_oracle(make_block(**options), optimizer, seed=11, graph=True)
+    oracle.assert_matches_oracle(make_block(**options), optimizer, seed=11, graph=True)
 
 
 def test_each_rank_holds_only_its_share(hvd):
@@ -115,14 +85,14 @@ def test_unpooled_sequences_match_the_oracle(hvd, case):
     """sequence_combiner=None: ragged [B, None, dim] outputs for every sharding kind."""
     _, options, _ = case
     block = make_block(combiners=oracle.SEQUENCE_COMBINERS, **options)
-    assert_matches_oracle(block, "adagrad", seed=sum(map(ord, "seq" + case[0])))
+    oracle.assert_matches_oracle(block, "adagrad", seed=sum(map(ord, "seq" + case[0])))
 
 
 def test_unpooled_sequences_in_graph_mode_match_the_oracle(hvd):
     block = make_block(combiners=oracle.SEQUENCE_COMBINERS, strategy="memory_optimized",
                        column_slice_threshold=3000, row_slice_threshold=10_000,
                        data_parallel_threshold=60)
-    assert_matches_oracle(block, "sgd", seed=11, graph=True)
+    oracle.assert_matches_oracle(block, "sgd", seed=11, graph=True)
 
 
 

@@ -19,8 +19,6 @@ from merlin_models_de.variables import embedding_blocks
 from tests.unit.horovod import oracle
 from tests.unit.horovod.test_oracle import PLACEMENTS
 
-PER_RANK = 16
-STEPS = 3
 OPTIONS = {name: (options, kinds) for name, options, kinds in PLACEMENTS}
 # one placement per sharding kind (each also holds table-wise tables but "column")
 KINDS = {"table-wise": "basic", "column-sliced": "basic-column", "row-sliced": "row-sliced",
@@ -60,44 +58,6 @@ def both(*losses):
     return lambda variables, outputs: tf.add_n([f(variables, outputs) for f in losses])
 
 
-def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), layers=None,
-                          graph=False):
-    """Forward, per-step total losses and trained tables equal one process on the global batch;
-    tables in ``frozen`` keep their initial values exactly, every other table trains."""
-    n, r = comm.size(), comm.rank()
-    total = n * PER_RANK
-    tables = block.tables
-    arrays = oracle.global_tables(tables, seed)
-    batch = oracle.global_batch(block.features, tables, total, seed + 1)
-    probes = oracle.make_probes(block.features, tables, seed + 2)
-    targets = np.random.default_rng(seed + 3).normal(size=total).astype(np.float32)
-    ref_first, ref_losses, ref_tables = oracle.run_reference(
-        block, arrays, batch, total, optimizer, STEPS, probes, targets,
-        extra_loss=extra_loss, frozen=frozen, layers=layers)
-    first, losses, got_tables = oracle.run_distributed(
-        block, arrays, batch, PER_RANK, optimizer, STEPS, probes, targets, graph=graph)
-    for name, want in ref_first.items():
-        want = oracle.to_numpy(want, r * PER_RANK, (r + 1) * PER_RANK)
-        got = first[name]
-        if isinstance(want, tuple):  # un-pooled: same row lengths, same rows
-            np.testing.assert_array_equal(got[1], want[1], err_msg=f"row lengths {name}")
-            got, want = got[0], want[0]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"forward {name}")
-    if extra_loss is not None:  # the regularization is a real share of the loss it checks
-        main = oracle.run_reference(block, arrays, batch, total, optimizer, 1, probes,
-                                    targets, frozen=frozen, layers=layers)[1][0]
-        assert ref_losses[0] > 1.05 * main, (ref_losses[0], main)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6,
-                               err_msg="total loss per step (main + regularization)")
-    for name, want in ref_tables.items():
-        if name in frozen:  # never touched, on any rank
-            np.testing.assert_array_equal(got_tables[name], arrays[name], err_msg=name)
-            continue
-        np.testing.assert_allclose(got_tables[name], want, rtol=1e-4, atol=2e-6,
-                                   err_msg=f"table {name} after {STEPS} {optimizer} steps")
-        assert not np.allclose(want, arrays[name]), f"table {name} did not train"
-
-
 # ---- embeddings_regularizer -----------------------------------------------------------------
 
 REGULARIZERS = {
@@ -111,8 +71,8 @@ REGULARIZERS = {
 def test_embeddings_regularizer_matches_the_oracle(hvd, kind, optimizer, regularizer):
     block = make_block(KINDS[kind], embeddings_regularizer=REGULARIZERS[regularizer]())
     reference = {t.name: REGULARIZERS[regularizer]() for t in block.tables}
-    assert_matches_oracle(block, optimizer, seed=sum(map(ord, kind + regularizer)),
-                          extra_loss=table_regularization(reference))
+    oracle.assert_matches_oracle(block, optimizer, seed=sum(map(ord, kind + regularizer)),
+                                 extra_loss=table_regularization(reference))
 
 
 def test_embeddings_regularizer_dict_in_graph_mode_matches_the_oracle(hvd):
@@ -125,8 +85,8 @@ def test_embeddings_regularizer_dict_in_graph_mode_matches_the_oracle(hvd):
         ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL)
     reference = {"user": l2, "item": l1l2, "genre": l2, "device": l1l2,
                  "hist": tf.keras.regularizers.L2()}  # "l2": Keras' default 0.01
-    assert_matches_oracle(block, "adagrad", seed=21, extra_loss=table_regularization(reference),
-                          graph=True)
+    oracle.assert_matches_oracle(block, "adagrad", seed=21,
+                                 extra_loss=table_regularization(reference), graph=True)
 
 
 # ---- l2_batch_regularization_factor -----------------------------------------------------------
@@ -136,7 +96,7 @@ def test_l2_batch_regularization_factor_matches_the_oracle(hvd):
     block = make_block(EVERYTHING, combiners=oracle.SEQUENCE_COMBINERS,
                        l2_batch_regularization_factor=0.01)
     factors = {f.name: 0.01 for f in block.features}
-    assert_matches_oracle(block, "sgd", seed=31, extra_loss=batch_regularization(factors))
+    oracle.assert_matches_oracle(block, "sgd", seed=31, extra_loss=batch_regularization(factors))
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -150,7 +110,7 @@ def test_l2_batch_regularization_factor_by_feature_matches_the_oracle(hvd, graph
                "device": 0.04}
     loss = both(batch_regularization(factors),
                 table_regularization({"city": tf.keras.regularizers.L2()}))
-    assert_matches_oracle(block, "adagrad", seed=41, extra_loss=loss, graph=graph)
+    oracle.assert_matches_oracle(block, "adagrad", seed=41, extra_loss=loss, graph=graph)
 
 
 # ---- trainable ----------------------------------------------------------------------------
@@ -166,8 +126,8 @@ def test_frozen_table_stays_at_its_initial_values(hvd, feature, table, kind):
     assert {s.kind for s in block.plan.shards_of(table)} == {kind}
     loss = both(table_regularization({t.name: tf.keras.regularizers.L2() for t in block.tables}),
                 batch_regularization({f.name: 0.01 for f in block.features}))
-    assert_matches_oracle(block, "adagrad", seed=sum(map(ord, feature)), extra_loss=loss,
-                          frozen={table})
+    oracle.assert_matches_oracle(block, "adagrad", seed=sum(map(ord, feature)), extra_loss=loss,
+                                 frozen={table})
     mine = [block.backend.shard_variable(s)[0] for s in block.plan.shards_on(comm.rank())
             if s.table == table]
     assert not any(v.trainable for v in mine), [v.name for v in mine]
@@ -196,24 +156,13 @@ def test_keras_layer_combiner_matches_the_oracle(hvd, graph):
     kinds = {s.table: s.kind for s in block.plan.shards}
     assert {t: kinds[t] for t in LIST_KINDS} == LIST_KINDS
     loss = batch_regularization({"tags": 0.05, "hist": 0.08})
-    assert_matches_oracle(block, "sgd" if graph else "adagrad", seed=51, extra_loss=loss,
-                          layers=layers, graph=graph)
+    oracle.assert_matches_oracle(block, "sgd" if graph else "adagrad", seed=51, extra_loss=loss,
+                                 layers=layers, graph=graph)
 
 
 # ---- through Merlin's model.fit -----------------------------------------------------------
 
 FIT_PER_RANK = 32
-
-
-class RegularizationRecorder(tf.keras.callbacks.Callback):
-    """Merlin's per-step ``regularization_loss`` (the sum of ``model.losses``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.losses = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.losses.append(float(logs["regularization_loss"]))
 
 
 def test_fit_with_regularization_matches_one_process(hvd, tmp_path_factory):
@@ -242,7 +191,7 @@ def test_fit_with_regularization_matches_one_process(hvd, tmp_path_factory):
     model(fc.take(x_mine, 0, 2))
     fc.restore(model, ref, "initial")
     model.compile(optimizer=fc.optimizer("adagrad", spec["lr"]))
-    losses, regularization = fc.LossRecorder(), RegularizationRecorder()
+    losses, regularization = fc.LossRecorder(), fc.LossRecorder("regularization_loss")
     model.fit(x_mine, y_mine, batch_size=FIT_PER_RANK, epochs=1, shuffle=False, verbose=0,
               callbacks=[losses, regularization])
 
