@@ -29,6 +29,11 @@ run_stage() {
   [[ $rc -eq 0 ]] || STATUS=1
 }
 
+# Every test module must import, also those whose tests skip here (a broken import in a
+# multi-process module would otherwise surface only after the single-process stage).
+run_stage "collect every test module" \
+  timeout 300 python -m pytest tests/unit --collect-only -q -p no:cacheprovider
+
 run_stage "single-process tests" \
   timeout --kill-after=30 1500 python -m pytest tests/unit --ignore=tests/unit/horovod \
     -p no:cacheprovider --timeout=600 -q "$@"

@@ -15,7 +15,6 @@ from tests.unit.horovod import fit_common as fc
 from tests.unit.horovod import oracle
 from tests.unit.horovod.test_checkpoint import compiled, fit, rank_data, shared_dir, spec_for
 from tests.unit.horovod.test_errors import still_in_step
-from tests.unit.horovod.test_oracle import assert_matches_oracle
 
 pytestmark = pytest.mark.skipif(not is_importable("distributed-embeddings"),
                                 reason="NVIDIA distributed-embeddings does not import here")
@@ -56,14 +55,15 @@ def test_de_matches_the_oracle(hvd, name, options, kinds, optimizer):
     block = make_block(**options)
     assert block.backend_name == DE and block.summary().startswith(f"backend={DE}")
     assert kinds <= {s.kind for s in block.plan.shards}
-    assert_matches_oracle(block, optimizer, seed=sum(map(ord, name + optimizer)))
+    oracle.assert_matches_oracle(block, optimizer, seed=sum(map(ord, name + optimizer)))
 
 
 def test_de_adam_and_graph_mode_match_the_oracle(hvd):
-    assert_matches_oracle(make_block(strategy="memory_balanced", column_slice_threshold=2000),
-                          "adam", seed=7)
-    assert_matches_oracle(make_block(strategy="memory_optimized", column_slice_threshold=3000),
-                          "adagrad", seed=11, graph=True)
+    oracle.assert_matches_oracle(
+        make_block(strategy="memory_balanced", column_slice_threshold=2000), "adam", seed=7)
+    oracle.assert_matches_oracle(
+        make_block(strategy="memory_optimized", column_slice_threshold=3000), "adagrad", seed=11,
+        graph=True)
 
 
 def test_de_holds_only_this_ranks_share(hvd):
