@@ -158,6 +158,19 @@ def allreduce(tensor, op="average", name=None):
     return h.allreduce(tensor, op=h.Average if op == "average" else h.Sum, name=name)
 
 
+def after(x, *previous):
+    """``x`` plus a zero computed from ``previous`` (a data dependency).
+
+    Horovod's graph collectives are not stateful: TF prunes one whose output nobody reads
+    (a rank holding 0 rows reads no gathered data) and may start independent ones in any
+    order. Feeding every collective a zero derived from the previous one's output makes
+    every rank run every collective, in one order. ``min(size, 0)`` of a tensor whose size
+    is only known at run time cannot be folded away.
+    """
+    zero = tf.add_n([tf.minimum(tf.size(p, out_type=tf.int64), 0) for p in previous])
+    return x + tf.cast(zero, x.dtype)
+
+
 def broadcast(tensor, root_rank=0, name=None):
     """``root_rank``'s ``tensor`` on every rank."""
     h = hvd()

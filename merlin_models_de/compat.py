@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 
@@ -135,6 +136,33 @@ def install_merlin_hooks(hooks) -> None:
                 if isinstance(c, type) and issubclass(c, model_cls) and "save" in c.__dict__]:
         cls.save = _wrapped_save(cls.__dict__["save"], hooks)
     setattr(model_cls, _MARK, True)
+
+
+def install_output_hooks(accepts, tie) -> None:
+    """Lets Merlin's ``CategoricalOutput`` and ``ContrastiveOutput`` take more kinds of
+    ``to_call`` (idempotent): where ``accepts(to_call)``, ``tie(output_cls, to_call, kwargs)``
+    returns the ``(to_call, kwargs)`` Merlin is called with. Both classes test
+    ``isinstance(to_call, EmbeddingTable)`` to tie weights; a block's table handle is no
+    Keras layer, so it is translated before Merlin sees it."""
+    ensure_supported()
+    from merlin.models.tf.outputs.classification import CategoricalOutput
+    from merlin.models.tf.outputs.contrastive import ContrastiveOutput
+
+    for cls in (CategoricalOutput, ContrastiveOutput):
+        if cls.__dict__.get(_MARK, False):
+            continue
+        cls.__init__ = _translating_init(cls, cls.__init__, accepts, tie)
+        setattr(cls, _MARK, True)
+
+
+def _translating_init(cls, original, accepts, tie):
+    @functools.wraps(original)
+    def __init__(self, to_call=None, *args, **kwargs):
+        if accepts(to_call):
+            to_call, kwargs = tie(cls, to_call, kwargs)
+        original(self, to_call, *args, **kwargs)
+
+    return __init__
 
 
 def _wrapped_save(original, hooks):

@@ -10,11 +10,35 @@ Example:
 """
 from __future__ import annotations
 
+import weakref
+
 import tensorflow as tf
 from merlin.schema import Schema
 
 from merlin_models_de.backends.lookup import combiner_weights
 from merlin_models_de.planner.types import ShardingType
+
+
+_BLOCKS: list = []  # weak references to the blocks constructed in this process, oldest first
+
+
+def remember_block(block) -> None:
+    """Records a constructed block for :func:`latest_table`."""
+    _BLOCKS[:] = [ref for ref in _BLOCKS if ref() is not None] + [weakref.ref(block)]
+
+
+def latest_table(name: str) -> "TableHandle":
+    """The handle of table ``name`` in the most recently constructed block that has it.
+
+    How a deserialized output finds its table: a model's config rebuilds its block before
+    its output, so the latest block is the model's own.
+    """
+    for ref in reversed(_BLOCKS):
+        block = ref()
+        if block is not None and any(t.name == name for t in block.tables):
+            return block[name]
+    raise ValueError(f"No DistributedEmbeddings block with a table named {name!r} exists in "
+                     "this process: build (or load) the model's block before its tied output.")
 
 
 class TableHandle:
@@ -177,6 +201,8 @@ class TableAccessMixin:
     @property
     def parallel_values(self) -> list:
         return list(self._handles().values())
+
+    layers = parallel_values  # mm.Embeddings (a ParallelBlock) lists its tables as ``layers``
 
     def __getitem__(self, name):
         handles = self._handles()

@@ -13,6 +13,8 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
 - fit: Merlin's broadcast callback is replaced by one that skips local variables and slots.
 - evaluate: metric states are summed over ranks, so results equal one process's.
 - save: every rank takes part; rank 0 writes a single-process SavedModel with full tables.
+- outputs: ``mm.CategoricalOutput`` / ``mm.ContrastiveOutput`` take ``block[table]`` for
+  weight tying, as they take an ``mm.EmbeddingTable`` (:mod:`merlin_models_de.outputs`).
 
 Learning-rate convention (Merlin's): with N ranks, per-rank batch B and learning rate lr,
 training equals one process with batch N*B and learning rate N*lr.
@@ -26,6 +28,8 @@ import tensorflow as tf
 
 from merlin_models_de import comm, compat
 from merlin_models_de.export import save_single_process
+from merlin_models_de.handles import TableHandle
+from merlin_models_de.outputs import tie_to_handle
 from merlin_models_de.variables import embedding_blocks, is_local, local_slot_refs
 
 
@@ -113,5 +117,8 @@ class MerlinHooks:
 
 
 def install() -> None:
-    """Installs :class:`MerlinHooks` into Merlin (idempotent; inert for other models)."""
+    """Installs :class:`MerlinHooks` and the tied-output translation into Merlin (idempotent;
+    inert for other models)."""
     compat.install_merlin_hooks(MerlinHooks)
+    compat.install_output_hooks(lambda to_call: isinstance(to_call, TableHandle),
+                                tie_to_handle)

@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 import tensorflow as tf
 from merlin.models.tf.core.base import Block
+from merlin.models.tf.utils.tf_utils import call_layer
 from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json,
                                               tensorflow_metadata_json_to_schema)
 
@@ -22,7 +23,7 @@ from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
-from merlin_models_de.handles import TableAccessMixin
+from merlin_models_de.handles import TableAccessMixin, remember_block
 from merlin_models_de.reload import TableCheckpoints
 from merlin_models_de.tables import feature_order, is_layer_combiner, tables_from_schema
 
@@ -131,6 +132,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
             raise NotImplementedError(
                 f"backend={self.backend_name!r} trains all tables or none; tables {frozen} "
                 f"are frozen by trainable={trainable!r}. Use backend='horovod'.")
+        remember_block(self)  # where a deserialized tied output finds its table
 
     # ---- keras ---------------------------------------------------------------------------------
 
@@ -173,7 +175,8 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
                   for f, out in zip(self.features, outputs)}
         result = {name: _static_batch(out, inputs.get(name)) for name, out in result.items()}
         for name, layer in self.combiner_layers.items():
-            result[name] = layer(result[name], training=training)
+            # as Merlin's tables: the layer gets the call's kwargs it accepts (``features``)
+            result[name] = call_layer(layer, result[name], training=training, **kwargs)
         for f in self.features:
             factor = self.batch_l2.get(f.table)
             if factor:

@@ -1,81 +1,228 @@
-"""A weight-tied categorical output over a (possibly sharded) item table.
+"""Weight-tied outputs over a (possibly sharded) table of a ``DistributedEmbeddings`` block.
 
-``CategoricalOutput(to_call=block["item_id"])`` is Merlin's ``mm.CategoricalOutput`` with the
-item table of a ``DistributedEmbeddings`` block as its output layer (weight tying). Where
-one rank holds the whole table (one process, or a data-parallel table) it *is* Merlin's
-output: logits ``hidden @ table^T``, Merlin's default loss and top-k metrics.
+Merlin's own ``mm.CategoricalOutput(to_call=block["item_id"])`` and
+``mm.ContrastiveOutput(to_call=block["item_id"], ...)`` take a table handle of the block as
+they take an ``mm.EmbeddingTable`` (weight tying; the handle becomes a
+:class:`TiedTablePrediction`, see :func:`tie_to_handle`, installed into Merlin by
+:mod:`merlin_models_de.compat`). Where one rank holds the whole table (one process, or a
+data-parallel table) the output *is* Merlin's: logits ``hidden @ table^T`` (+ bias), Merlin's
+loss and top-k metrics, sequences (ragged hidden states) included.
 
 Where the table is sharded (table-wise on one rank, or row-sliced), no rank can form the
-``[batch, catalog]`` logits. In ``fit`` / ``evaluate`` the output then computes each
-example's softmax cross-entropy itself, vocab-parallel
-(:func:`merlin_models_de.vocab_parallel.sharded_softmax_cross_entropy`: every rank scores
-the global batch against its own rows, in chunks), and hands Keras the ``[batch, 1]``
-per-example losses as its "predictions"; its default loss, :class:`PerExampleLoss`, takes
-their (sample-weighted) mean. Loss and gradients equal one process on the global batch.
-Leave ``loss`` unset in ``compile`` (or pass ``PerExampleLoss()``): another loss would be
-applied to the loss values. Not yet on a sharded table: top-k metrics (none by default),
-``predict`` (raises), an output bias, ``logits_temperature`` other than 1, sequence
-(3-D / ragged) hidden states. Not yet anywhere: saving and reloading a model with this
-output (its config cannot name the block's table).
+``[batch, catalog]`` logits:
+
+- ``CategoricalOutput``: in ``fit`` / ``evaluate`` the output computes each example's softmax
+  cross-entropy itself, vocab-parallel
+  (:func:`merlin_models_de.vocab_parallel.sharded_softmax_cross_entropy`: every rank scores
+  the global batch against its own rows, in chunks), and hands Keras the 1-D per-example
+  losses as its "predictions"; its default loss, :class:`TiedSoftmaxLoss`, takes their
+  (sample-weighted) mean (on 2-D logits it is Merlin's categorical cross-entropy, so a saved
+  single-process copy trains right). Loss and gradients equal one process on the global
+  batch. Sequence targets (``SequencePredictNext`` / ``Last`` / ``MaskRandom``): the hidden
+  states and targets at the target positions, flattened; in training each rank's losses are
+  weighted by its share of the global number of targets, so N ranks equal one process also
+  when the ranks hold different numbers of targets. ``logits_temperature`` divides the
+  hidden states (the logits ``hidden @ W^T / T``).
+- ``ContrastiveOutput``: positives and sampled negatives are looked up through the block's
+  distributed lookup (each rank its own ids), so sampled softmax trains as in one process.
+- ``evaluate`` on a sharded table reports Merlin's default top-k metrics (``recall_at_10``,
+  ``mrr_at_10``, ``ndcg_at_10``, ``map_at_10``, ``precision_at_10``) from a vocab-parallel top-k
+  (:func:`merlin_models_de.vocab_parallel.sharded_top_k`); metrics given to ``compile`` see
+  the per-example losses, not logits, so leave them unset. ``fit`` reports the loss only.
+- Not yet on a sharded table: ``predict`` / scoring (raises naming the table), an output
+  bias.
+
+A saved model names the table in the output's config; loading binds it to the table of the
+most recently constructed block that has one of that name (the loaded model's own block,
+built before its output).
 
 Example:
     >>> block = mm.DistributedEmbeddings(schema, dim=16)  # doctest: +SKIP
     >>> model = mm.Model(mm.InputBlockV2(schema, categorical=block), mm.MLPBlock([16]),
-    ...                  CategoricalOutput(to_call=block["item_id"], target="next_item"))
+    ...                  mm.CategoricalOutput(to_call=block["item_id"], target="next_item"))
     ... # doctest: +SKIP
 """
 from __future__ import annotations
 
 import merlin.models.tf as mm
 import tensorflow as tf
+from merlin.models.tf.losses import CategoricalCrossEntropy
+from merlin.schema import Schema
 
-from merlin_models_de.handles import TableHandle
-from merlin_models_de.vocab_parallel import DEFAULT_CHUNK_ROWS, sharded_softmax_cross_entropy
+from merlin_models_de import comm
+from merlin_models_de.handles import TableHandle, latest_table
+from merlin_models_de.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_softmax_cross_entropy,
+                                             sharded_top_k)
 
 
 def no_metrics():
-    """Default metrics of a sharded tied output: none (top-k over shards is not there yet)."""
+    """Default (compiled) metrics of a sharded tied output: none. Its top-k metrics are
+    computed by the output itself in ``evaluate`` (:func:`top_k_metric_values`)."""
     return ()
 
 
+def top_k_metric_values(ranks, k: int) -> dict:
+    """Per-example values of Merlin's default top-k metrics for one target per example, from
+    the target's 0-based rank among all items (``ranks >= k``: not in the top k).
+
+    With one relevant item Merlin's metrics reduce to: recall = hit, precision = hit / k,
+    MRR = average precision = hit / (rank + 1), NDCG = hit / log2(rank + 2); the metric is
+    their mean over examples.
+    """
+    hit = tf.cast(ranks < k, tf.float32)
+    position = tf.cast(ranks, tf.float32) + 1.0
+    reciprocal = hit / position
+    return {f"recall_at_{k}": hit, f"mrr_at_{k}": reciprocal,
+            f"ndcg_at_{k}": hit * tf.math.log(2.0) / tf.math.log(position + 1.0),
+            f"map_at_{k}": reciprocal, f"precision_at_{k}": hit / float(k)}
+
+
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class PerExampleLoss(tf.keras.losses.Loss):
-    """The loss of an output that computed its per-example losses itself: ``y_pred`` holds
-    them (``[batch, 1]``), ``y_true`` is ignored; Keras applies sample weights and the mean."""
+class TiedSoftmaxLoss(CategoricalCrossEntropy):
+    """Merlin's categorical cross-entropy (from logits) on 2-D logits; on 1-D predictions,
+    the per-example losses a vocab-parallel output computed itself (``y_true`` ignored;
+    Keras applies sample weights and the mean)."""
 
     def call(self, y_true, y_pred):
-        del y_true
-        return tf.reshape(y_pred, [-1])
+        if y_pred.shape.rank == 1:
+            return y_pred
+        return super().call(y_true, y_pred)
+
+
+class _ShardedRows:
+    """``.embeddings`` of a sharded tied table: no rank has the matrix. Present (Merlin checks
+    that the attribute exists), but any use as a tensor raises naming the table."""
+
+    def __init__(self, table: TableHandle):
+        self.table = table
+        self.shape = tf.TensorShape([table.input_dim, table.dim])
+
+    def message(self) -> str:
+        block = self.table.block
+        return (f"Table '{self.table.name}' is sharded across {block.world_size} ranks "
+                f"({block.plan.kind_of(self.table.name).value}); its full matrix is on no rank. "
+                "Use embedding_lookup(ids) for rows, or block.get_global_weights() "
+                "(collective: every rank calls it) for a NumPy copy.")
+
+    def __repr__(self):
+        return f"<sharded table {self.table.name!r}: {self.message()}>"
+
+
+def _refuse_as_tensor(value, dtype=None, name=None, as_ref=False):
+    del dtype, name, as_ref
+    raise ValueError(value.message())
+
+
+tf.register_tensor_conversion_function(_ShardedRows, _refuse_as_tensor)
+
+
+def _target_positions(hidden, targets):
+    """Flattens sequence outputs as Merlin's loss sees them: the hidden states and targets at
+    the target positions (the targets' mask where present), ``[n, d]`` and ``[n]``."""
+    mask = getattr(targets, "_keras_mask", None)
+    if isinstance(targets, tf.RaggedTensor) and mask is not None:
+        mask = mask.with_row_splits_dtype(targets.row_splits.dtype)
+        targets = tf.ragged.boolean_mask(targets, mask)
+        if isinstance(hidden, tf.RaggedTensor) and hidden.shape.rank == 3:
+            hidden_mask = mask.with_row_splits_dtype(hidden.row_splits.dtype)
+            if getattr(hidden, "_keras_mask", None) is None:  # one state per position
+                hidden = tf.ragged.boolean_mask(hidden, hidden_mask)
+    if isinstance(hidden, tf.RaggedTensor):
+        hidden = hidden.flat_values
+    if isinstance(targets, tf.RaggedTensor):
+        targets = targets.flat_values
+    hidden = tf.convert_to_tensor(hidden)
+    if hidden.shape.rank == 3:  # dense sequences: every position
+        hidden = tf.reshape(hidden, [-1, hidden.shape[-1]])
+    return hidden, tf.reshape(targets, [-1])
+
+
+def _global_mean_share(losses, name):
+    """This rank's per-example losses scaled by ``N * n_r / n`` (``n_r`` its examples, ``n``
+    all ranks'), so that the ranks' averaged mean losses are the mean over all examples, as
+    one process computes it, also when the ranks hold different numbers of targets
+    (sequences). Training only: evaluate weights each rank's mean by its ``n_r`` itself."""
+    n = comm.size()
+    if n == 1:
+        return losses
+    mine = tf.cast(tf.size(losses), losses.dtype)
+    total = comm.allreduce(comm.after(mine, losses), op="sum", name=name)
+    return losses * tf.stop_gradient(n * mine / tf.maximum(total, 1.0))
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
 class TiedTablePrediction(tf.keras.layers.Layer):
-    """Logits against a table handle, or (sharded table, training / evaluation) the
-    per-example vocab-parallel losses as an ``mm.Prediction``.
+    """Logits against a table handle (Merlin's ``EmbeddingTablePrediction`` for a block's
+    table), or (sharded table, training / evaluation) the 1-D per-example vocab-parallel
+    losses as an ``mm.Prediction``.
 
-    Owns no variables: the table belongs to its block.
+    Args:
+        table: a :class:`~merlin_models_de.handles.TableHandle`, or a table name (bound to
+            the most recently constructed block holding that table; used by ``from_config``).
+        target: the target column (vocab-parallel loss).
+        vocab_parallel: None: when the table is sharded. True forces the vocab-parallel loss
+            (also in one process, where it equals the full softmax); False never.
+        chunk_rows: table rows scored at a time by the vocab-parallel loss.
+        use_bias, bias_initializer: a bias per item, as Merlin's (not on a sharded table yet).
+        logits_temperature: divides the logits (vocab-parallel path; the whole-table path
+            leaves it to Merlin's output).
+        top_k: cutoffs of the top-k metrics (recall, MRR, NDCG, MAP, precision) the
+            vocab-parallel path adds in ``evaluate`` (Merlin's default: 10); () for none.
+
+    Owns no variables but the bias: the table belongs to its block.
     """
 
-    def __init__(self, table: TableHandle, target: str | None = None, vocab_parallel=None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, **kwargs):
+    def __init__(self, table, target: str | None = None, vocab_parallel=None,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_bias: bool = False,
+                 bias_initializer="zeros", logits_temperature: float = 1.0,
+                 top_k=(10,), **kwargs):
         super().__init__(**kwargs)
+        if isinstance(table, str):
+            table = latest_table(table)
         object.__setattr__(self, "table", table)  # untracked: the block tracks the table
-        self.target = target
+        self.target = target or table.col_schema.name
         self.num_classes = table.input_dim
+        self.requested_vocab_parallel = vocab_parallel
         self.vocab_parallel = table.sharded if vocab_parallel is None else bool(vocab_parallel)
         self.chunk_rows = chunk_rows
+        self.use_bias, self.bias_initializer = use_bias, bias_initializer
+        self.logits_temperature = logits_temperature
+        self.top_k = tuple(int(k) for k in (top_k or ()))
         if self.vocab_parallel:
             table.check_whole_rows()  # at construction, the same on every rank
+            if use_bias:
+                raise ValueError(f"An output bias is not supported on the sharded table "
+                                 f"'{table.name}' yet. Received: use_bias=True")
 
     def build(self, input_shape=None):
+        if self.use_bias:
+            self.bias = self.add_weight(name="output_layer_bias", shape=(self.num_classes,),
+                                        initializer=self.bias_initializer)
         self.table.build(input_shape)
         super().build(input_shape)
 
+    @property
+    def embeddings(self):
+        if self.table.sharded:
+            return _ShardedRows(self.table)
+        return self.table.embeddings
+
+    def embedding_lookup(self, ids, **kwargs):
+        """Rows of ``ids`` (collective where the table is sharded)."""
+        del kwargs
+        return self.table.embedding_lookup(ids)
+
+    def logits(self, inputs):
+        if isinstance(inputs, tf.RaggedTensor):
+            return inputs.with_flat_values(self.logits(inputs.flat_values))
+        logits = tf.matmul(inputs, self.embeddings, transpose_b=True)
+        return tf.nn.bias_add(logits, self.bias) if self.use_bias else logits
+
     def call(self, inputs, targets=None, training=False, testing=False, **kwargs):
-        name = self.table.name
         scoring = not (training or testing)
         if not self.vocab_parallel or (scoring and not self.table.sharded):
-            return tf.matmul(inputs, self.table.embeddings, transpose_b=True)
+            return self.logits(inputs)
+        name = self.table.name
         if scoring:
             raise ValueError(
                 f"Table '{name}' is sharded across {self.table.block.world_size} ranks, so no "
@@ -90,23 +237,67 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         if targets is None:
             raise ValueError(f"The tied output over table '{name}' needs targets (item ids) "
                              "in fit / evaluate. Received: targets=None")
+        hidden, targets = _target_positions(inputs, targets)
+        if self.logits_temperature != 1.0:
+            hidden = hidden / self.logits_temperature
         rows, offset = self.table.local_rows()
         losses = sharded_softmax_cross_entropy(
-            inputs, targets, rows, offset, self.num_classes, chunk_rows=self.chunk_rows,
+            hidden, targets, rows, offset, self.num_classes, chunk_rows=self.chunk_rows,
             name=f"mmde_tied_{name}")
-        losses = losses[:, None]
+        if training:
+            losses = _global_mean_share(losses, f"mmde_tied_{name}_count")
+        elif self.top_k:
+            self._add_top_k_metrics(comm.after(hidden, losses), targets, rows, offset)
         return mm.Prediction(losses, tf.zeros_like(losses))
+
+    def _add_top_k_metrics(self, hidden, targets, rows, offset):
+        """Merlin's default top-k metrics (at each cutoff of ``top_k``) of this batch, from
+        the target's rank in a vocab-parallel top-k (every rank scores its rows)."""
+        k = min(max(self.top_k), self.num_classes)
+        _, ids = sharded_top_k(hidden, k, rows, offset, chunk_rows=self.chunk_rows,
+                               num_rows=self.num_classes, name=f"mmde_tied_{self.table.name}_k")
+        hits = tf.equal(ids, tf.cast(tf.reshape(targets, [-1, 1]), tf.int64))
+        ranks = tf.where(tf.reduce_any(hits, axis=1),
+                         tf.argmax(tf.cast(hits, tf.int32), axis=1, output_type=tf.int32), k)
+        for cutoff in self.top_k:
+            for metric, values in top_k_metric_values(ranks, cutoff).items():
+                self.add_metric(values, name=metric)
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape([input_shape[0], self.num_classes])
 
     def get_config(self):
-        return dict(super().get_config(), target=self.target, chunk_rows=self.chunk_rows)
+        return dict(super().get_config(), table=self.table.name, target=self.target,
+                    vocab_parallel=self.requested_vocab_parallel, chunk_rows=self.chunk_rows,
+                    use_bias=self.use_bias,
+                    bias_initializer=tf.keras.initializers.serialize(
+                        tf.keras.initializers.get(self.bias_initializer)),
+                    logits_temperature=self.logits_temperature, top_k=list(self.top_k))
+
+
+def tie_to_handle(output_cls, to_call, kwargs: dict, vocab_parallel=None,
+                  chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,)):
+    """Arguments of Merlin's ``output_cls(to_call=handle, **kwargs)`` for a table handle:
+    ``(TiedTablePrediction, kwargs)`` with the target (default: the table's first feature,
+    as Merlin's), the contrastive output's schema, and the sharded table's defaults."""
+    kwargs = dict(kwargs)
+    target = kwargs.pop("target", None) or kwargs.pop("target_name", None) or \
+        to_call.col_schema.name
+    kwargs["target_name"] = target
+    if issubclass(output_cls, mm.ContrastiveOutput):
+        kwargs.setdefault("schema", Schema([to_call.col_schema]))
+        return TiedTablePrediction(to_call, target, vocab_parallel=False), kwargs
+    tied = TiedTablePrediction(to_call, target, vocab_parallel, chunk_rows, top_k=top_k)
+    if tied.vocab_parallel:
+        tied.logits_temperature = kwargs.pop("logits_temperature", 1.0)
+        kwargs.setdefault("default_loss", TiedSoftmaxLoss())
+        kwargs.setdefault("default_metrics_fn", no_metrics)
+    return tied, kwargs
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
 class CategoricalOutput(mm.CategoricalOutput):
-    """``mm.CategoricalOutput`` that also takes a ``DistributedEmbeddings`` table handle.
+    """``mm.CategoricalOutput`` with this package's options for a table handle.
 
     Args:
         to_call: ``block["item_id"]`` of a ``DistributedEmbeddings`` block, or anything
@@ -114,25 +305,17 @@ class CategoricalOutput(mm.CategoricalOutput):
         vocab_parallel: None: when the table is sharded. True forces the vocab-parallel
             loss (also in one process, where it equals the full softmax); False never.
         chunk_rows: table rows scored at a time by the vocab-parallel loss.
+        top_k: cutoffs of the top-k metrics the vocab-parallel path reports in ``evaluate``.
         **kwargs: ``mm.CategoricalOutput``'s arguments (``target`` names the target column;
             the default is the first feature reading the table).
     """
 
-    def __init__(self, to_call, vocab_parallel=None, chunk_rows=DEFAULT_CHUNK_ROWS, **kwargs):
+    def __init__(self, to_call, vocab_parallel=None, chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,),
+                 **kwargs):
         if isinstance(to_call, TableHandle):
-            target = kwargs.pop("target", None) or kwargs.pop("target_name", None) or \
-                to_call.col_schema.name
-            to_call = TiedTablePrediction(to_call, target, vocab_parallel, chunk_rows)
-            kwargs["target_name"] = target
-            if to_call.vocab_parallel:
-                if kwargs.get("logits_temperature", 1.0) != 1.0:
-                    raise ValueError(
-                        f"logits_temperature is not supported on the sharded table "
-                        f"'{to_call.table.name}' yet. Received: "
-                        f"logits_temperature={kwargs['logits_temperature']}")
-                kwargs.setdefault("default_loss", PerExampleLoss())
-                kwargs.setdefault("default_metrics_fn", no_metrics)
+            to_call, kwargs = tie_to_handle(mm.CategoricalOutput, to_call, kwargs,
+                                            vocab_parallel, chunk_rows, top_k)
         super().__init__(to_call=to_call, **kwargs)
 
 
-__all__ = ["CategoricalOutput", "PerExampleLoss", "TiedTablePrediction"]
+__all__ = ["CategoricalOutput", "TiedSoftmaxLoss", "TiedTablePrediction", "tie_to_handle"]

@@ -76,19 +76,6 @@ _SENTINEL_ID = tf.int64.max  # padding candidate id: sorts after every real id
 _BATCH, _TARGETS, _OFFSET, _ROWS, _COLS, _BIAS, _WIDTH = range(7)
 
 
-def _after(x, *previous):
-    """``x`` plus a zero computed from ``previous`` (a data dependency).
-
-    Horovod's graph collectives are not stateful: TF prunes one whose output nobody reads
-    (a rank holding 0 rows reads no gathered data) and may start independent ones in any
-    order. Feeding every collective a zero derived from the previous one's output makes
-    every rank run every collective, in one order. ``min(size, 0)`` of a tensor whose size
-    is only known at run time cannot be folded away.
-    """
-    zero = tf.add_n([tf.minimum(tf.size(p, out_type=tf.int64), 0) for p in previous])
-    return x + tf.cast(zero, x.dtype)
-
-
 # ---- input checks ------------------------------------------------------------------------------
 
 
@@ -136,7 +123,7 @@ def _exchange_header(where, name, hidden, n_targets, table, bias, row_offset, nu
         tf.size(bias, out_type=tf.int64) if bias is not None else tf.constant(-1, tf.int64),
         tf.constant(hidden.shape[-1], tf.int64)])
     # after the hidden states exist: this step's earlier collectives (the block's) come first
-    header = tf.reshape(comm.allgather(_after(mine, hidden)[None], name=f"{name}_header"),
+    header = tf.reshape(comm.allgather(comm.after(mine, hidden)[None], name=f"{name}_header"),
                         [-1, 7])
     catalog = (tf.reduce_sum(header[:, _ROWS]) if num_rows is None
                else tf.constant(num_rows, tf.int64))
@@ -301,10 +288,11 @@ def _gather_inputs(where, name, hidden, targets, table, bias, row_offset, num_ro
     header, catalog, checks = _exchange_header(where, name, hidden, n_targets,
                                                table, bias, row_offset, num_rows)
     with tf.control_dependencies(checks):  # nothing else moves before every rank checked
-        # one order on every rank: header, hidden, targets (see ``_after``)
-        global_hidden = comm.allgather(_after(hidden, header), name=f"{name}_hidden")
-        global_targets = (comm.allgather(_after(targets, global_hidden), name=f"{name}_targets")
-                          if targets is not None else None)
+        # one order on every rank: header, hidden, targets (see ``comm.after``)
+        global_hidden = comm.allgather(comm.after(hidden, header), name=f"{name}_hidden")
+        global_targets = (
+            comm.allgather(comm.after(targets, global_hidden), name=f"{name}_targets")
+            if targets is not None else None)
     return global_hidden, global_targets, tf.cast(header[:, _BATCH], tf.int32), catalog, header
 
 
@@ -357,7 +345,7 @@ def sharded_softmax_cross_entropy(hidden, targets, table_rows, row_offset, num_r
         with tf.control_dependencies([_check_targets(where, y, header, catalog)]):
             m, s, t = _local_stats(h, y, table, bias, row_offset, chunk_rows)
         # a rank with 0 rows computes m, s, t from shapes only: tie them to the targets
-        stats = tf.reshape(_to_owners(_after(tf.stack([m, s, t], axis=1), y), sizes,
+        stats = tf.reshape(_to_owners(comm.after(tf.stack([m, s, t], axis=1), y), sizes,
                                       f"{name}_stats"), [comm.size(), -1, 3])
         top = tf.reduce_max(stats[..., 0], axis=0)
         shift = tf.where(tf.math.is_inf(top), tf.zeros_like(top), top)
@@ -373,7 +361,7 @@ def sharded_softmax_cross_entropy(hidden, targets, table_rows, row_offset, num_r
             # reduce-scatter: each owner sums every rank's partial d hidden of its examples
             # (a rank with 0 rows never reads ``both``: without the tie TF prunes its gather)
             d_hidden = tf.reduce_sum(tf.reshape(
-                _to_owners(_after(d_h, both), sizes, f"{name}_grad_hidden"),
+                _to_owners(comm.after(d_h, both), sizes, f"{name}_grad_hidden"),
                 [comm.size(), -1, h.shape[1]]), axis=0)
             return (d_hidden, d_table) + ((d_bias,) if bias is not None else ())
 
@@ -449,7 +437,7 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
         return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, n * k])
 
     scores = per_owner(scores, "scores")
-    return _merge_top_k(scores, per_owner(_after(ids, scores), "ids"), k)
+    return _merge_top_k(scores, per_owner(comm.after(ids, scores), "ids"), k)
 
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "sharded_softmax_cross_entropy", "sharded_top_k"]

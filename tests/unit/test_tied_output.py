@@ -11,6 +11,7 @@ from tests.unit.horovod import tied_reference as tr
 from tests.unit.horovod.fit_common import LossRecorder
 
 BATCH, STEPS = 16, 4
+TOP_K_METRICS = ("recall_at_10", "mrr_at_10", "ndcg_at_10", "map_at_10", "precision_at_10")
 
 
 def pair(spec):
@@ -52,7 +53,9 @@ def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer, eager)
     assert not np.allclose(got_weights["table/item"], tr.snapshot(*pair(spec)[1])["table/item"])
     evaluation = ours.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
     expected = merlin.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
-    assert evaluation["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    for name in ("loss",) + TOP_K_METRICS:  # the vocab-parallel top-k metrics equal Merlin's
+        assert evaluation[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
+    assert expected["recall_at_10"] > 0  # the comparison means something
 
 
 def test_vocab_parallel_needs_its_target():
@@ -65,18 +68,35 @@ def test_vocab_parallel_needs_its_target():
 
 
 def test_the_table_handle_defaults_and_sharding():
-    from merlin_models_de.outputs import CategoricalOutput, PerExampleLoss
+    import merlin.models.tf as mm
+
+    from merlin_models_de.outputs import CategoricalOutput, TiedSoftmaxLoss, TiedTablePrediction
 
     _, block = tr.build_model({"block": "de"})
-    out = CategoricalOutput(to_call=block["item"])
-    assert out.target == "prev_item"  # the table's first feature, as Merlin's default
-    assert not out.to_call.vocab_parallel and not block["item"].sharded
-    forced = CategoricalOutput(to_call=block["item"], target="next_item", vocab_parallel=True)
-    assert isinstance(forced.default_loss, PerExampleLoss)
+    for out in (CategoricalOutput(to_call=block["item"]), mm.CategoricalOutput(block["item"])):
+        assert isinstance(out.to_call, TiedTablePrediction)
+        assert out.target == "prev_item"  # the table's first feature, as Merlin's default
+        assert not out.to_call.vocab_parallel and not block["item"].sharded
+    forced = CategoricalOutput(to_call=block["item"], target="next_item", vocab_parallel=True,
+                               logits_temperature=2.0)
+    assert isinstance(forced.default_loss, TiedSoftmaxLoss)
     assert forced.default_metrics_fn() == ()
-    with pytest.raises(ValueError, match="logits_temperature is not supported on the sharded "
-                                         "table 'item' yet. Received: logits_temperature=2"):
-        CategoricalOutput(to_call=block["item"], vocab_parallel=True, logits_temperature=2.0)
+    assert forced.to_call.logits_temperature == 2.0 and forced.logits_temperature == 1.0
+
+
+def test_the_default_loss_is_merlins_on_logits_and_the_mean_on_per_example_losses():
+    """A saved single-process copy of a vocab-parallel output computes logits: the same
+    default loss must then be Merlin's categorical cross-entropy."""
+    from merlin.models.tf.losses import CategoricalCrossEntropy
+
+    from merlin_models_de.outputs import TiedSoftmaxLoss
+
+    logits = tf.constant([[1.0, 2.0, 0.5], [0.1, -1.0, 3.0]])
+    onehot = tf.constant([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    want = CategoricalCrossEntropy()(onehot, logits)
+    assert float(TiedSoftmaxLoss()(onehot, logits)) == pytest.approx(float(want), rel=1e-6)
+    per_example = tf.constant([0.5, 1.5, 4.0])
+    assert float(TiedSoftmaxLoss()(tf.zeros([3]), per_example)) == pytest.approx(2.0)
 
 
 def test_sample_weights_weigh_the_vocab_parallel_loss_as_merlins():
@@ -94,3 +114,36 @@ def test_sample_weights_weigh_the_vocab_parallel_loss_as_merlins():
     np.testing.assert_allclose(tr.snapshot(ours, block)["table/item"],
                                tr.snapshot(merlin, merlin_block)["table/item"], rtol=1e-5,
                                atol=1e-6)
+
+
+def test_a_saved_model_with_the_tied_output_reloads_onto_its_own_table(tmp_path):
+    """The output's config names the table; loading binds it to the loaded model's block,
+    not to the (still alive) original's."""
+    import merlin.models.tf as mm
+
+    from merlin_models_de.variables import embedding_blocks
+
+    model, block = tr.build_model({"block": "de", "plain": True})
+    x, y = tr.split_xy(tr.make_data(BATCH * 2, seed=4))
+    model.compile(optimizer="sgd")
+    model.fit(tr.dataset(x, y, BATCH), verbose=0)
+    want = model.predict(tr.dataset(x, y, BATCH), verbose=0)
+    model.save(str(tmp_path / "saved"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "saved"))
+    got = loaded.predict(tr.dataset(x, y, BATCH), verbose=0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    (loaded_block,) = embedding_blocks(loaded)
+    (output,) = loaded.model_outputs
+    assert isinstance(output, mm.CategoricalOutput)
+    assert output.to_call.table.block is loaded_block and loaded_block is not block
+    loaded.compile(optimizer="sgd")  # trains on, with the table tied
+    loaded.fit(tr.dataset(x, y, BATCH), verbose=0)
+    assert not np.allclose(loaded.predict(tr.dataset(x, y, BATCH), verbose=0), got)
+
+
+def test_a_table_name_no_block_holds_is_named():
+    from merlin_models_de.outputs import TiedTablePrediction
+
+    with pytest.raises(ValueError, match="No DistributedEmbeddings block with a table named "
+                                         "'no_such_table' exists in this process"):
+        TiedTablePrediction("no_such_table")

@@ -22,6 +22,10 @@ def main(src, dst):
         from tests.unit.horovod import session_common
 
         return session_common.reference(spec, data, dst)
+    if spec.get("model") == "next_item":
+        from tests.unit.horovod import session_common
+
+        return session_common.next_item_reference(spec, data, dst)
     model = fc.build_model(dict(spec, backend="horovod"))  # the oracle: no engine, one process
     x, y = fc.split_xy(data, spec)
     model(fc.take(x, 0, 2))

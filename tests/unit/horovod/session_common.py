@@ -74,6 +74,58 @@ def build_model(spec):
                     SessionEncoder(8), mm.MLPBlock([8]), mm.BinaryOutput("label"))
 
 
+def build_next_item_model(spec):
+    """Next-item prediction: item sequences (un-pooled) -> an MLP per position -> Merlin's
+    ``mm.CategoricalOutput`` tied to the block's item table (trained with
+    ``SequencePredictNext``: each position predicts the next item). ``spec``: strategy, row
+    and column slice thresholds of the block."""
+    import merlin.models.tf as mm
+
+    import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
+
+    inputs = schema().select_by_name(["item_seq"])
+    tf.keras.utils.set_random_seed(1)
+    block = mm.DistributedEmbeddings(inputs, dim=8, sequence_combiner=None,
+                                     strategy=spec["strategy"],
+                                     row_slice_threshold=spec.get("row"),
+                                     column_slice_threshold=spec.get("column"), backend="horovod")
+    return mm.Model(mm.InputBlockV2(inputs, categorical=block), mm.MLPBlock([8]),
+                    mm.CategoricalOutput(to_call=block["item_seq"]))
+
+
+def next_item_pre():
+    import merlin.models.tf as mm
+
+    return mm.SequencePredictNext(schema=schema().select_by_name(["item_seq"]),
+                                  target="item_seq")
+
+
+def sequences(data, batch):
+    """Item sequences only, as Merlin's Loader gives them (the targets come from ``pre``)."""
+    return dataset(data, batch).map(lambda x, y: {k: v for k, v in x.items() if "item" in k})
+
+
+def next_item_reference(spec, data, dst):
+    """fit_reference's single-process run of the next-item model on the global batches."""
+    from tests.unit.horovod import fit_common as fc
+
+    batch = spec["per_rank"] * spec["world_size"]
+    model = build_next_item_model(spec)
+    model(next(iter(sequences(data, 2))))
+    initial = fc.snapshot(model)
+    model.compile(optimizer=fc.optimizer(spec["optimizer"], spec["lr"] * spec["world_size"]),
+                  run_eagerly=spec.get("eager", False))
+    losses = fc.LossRecorder()
+    model.fit(sequences(data, batch), epochs=1, verbose=0, callbacks=[losses],
+              pre=next_item_pre())
+    final = fc.snapshot(model)
+    evaluation = model.evaluate(sequences(data, batch), verbose=0, return_dict=True,
+                                pre=next_item_pre())
+    out = {f"initial/{k}": v for k, v in initial.items()}
+    out.update({f"final/{k}": v for k, v in final.items()})
+    np.savez(dst, losses=np.array(losses.losses), evaluation_loss=evaluation["loss"], **out)
+
+
 def make_data(rows, seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, MAX_LEN + 1, rows)

@@ -36,7 +36,8 @@ def dense_layer():
 def build_model(spec):
     """``spec``: ``block`` ("mm": mm.Embeddings + mm.CategoricalOutput; "de":
     DistributedEmbeddings + this package's output), ``strategy``, ``row`` (row-slice
-    threshold), ``vocab_parallel`` (None / True / False), ``chunk_rows``."""
+    threshold), ``vocab_parallel`` (None / True / False), ``chunk_rows``, ``plain`` (the
+    block's table handle given to Merlin's own ``mm.CategoricalOutput``)."""
     import merlin.models.tf as mm
 
     import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
@@ -50,9 +51,12 @@ def build_model(spec):
     else:
         block = mm.DistributedEmbeddings(s, dim=DIM, strategy=spec.get("strategy", "basic"),
                                          row_slice_threshold=spec.get("row"), backend="horovod")
-        output = CategoricalOutput(to_call=block["item"], target=TARGET,
-                                   vocab_parallel=spec.get("vocab_parallel"),
-                                   chunk_rows=spec.get("chunk_rows", 16))
+        if spec.get("plain"):  # Merlin's own output class, given the handle
+            output = mm.CategoricalOutput(to_call=block["item"], target=TARGET)
+        else:
+            output = CategoricalOutput(to_call=block["item"], target=TARGET,
+                                       vocab_parallel=spec.get("vocab_parallel"),
+                                       chunk_rows=spec.get("chunk_rows", 16))
     model = mm.Model(mm.InputBlockV2(s, categorical=block), dense_layer(), output)
     return model, block
 
@@ -129,6 +133,18 @@ def train(model, x, y, batch, spec, lr):
     return losses.losses
 
 
+def exact_top_k_metrics(logits, targets, k=10):
+    """Merlin's default top-k metrics from the exact rank of each target (the number of items
+    scoring strictly higher), as ``exact/<name>``. Merlin's own metrics add up to 1e-6 of
+    random noise to every score to break ties, which reorders items closer than that."""
+    rank = (logits > logits[np.arange(len(targets)), targets][:, None]).sum(axis=1)
+    hit = (rank < k).astype(np.float64)
+    return {"exact/recall_at_10": hit.mean(), "exact/mrr_at_10": (hit / (rank + 1)).mean(),
+            "exact/ndcg_at_10": (hit / np.log2(rank + 2)).mean(),
+            "exact/map_at_10": (hit / (rank + 1)).mean(),
+            "exact/precision_at_10": (hit / k).mean()}
+
+
 def main(src, dst):
     data = dict(np.load(src, allow_pickle=True))
     spec = json.loads(str(data.pop("spec")))
@@ -141,9 +157,12 @@ def main(src, dst):
     losses = train(model, x, y, spec["per_rank"] * n, spec, spec["lr"] * n)
     evaluation = model.evaluate(dataset(x, y, spec["per_rank"] * n), verbose=0,
                                 return_dict=True)
+    logits = model.predict(dataset(x, y, spec["per_rank"] * n), verbose=0)
+    evaluation.update(exact_top_k_metrics(logits, y.reshape(-1)))
     out = {f"initial/{k}": v for k, v in initial.items()}
     out.update({f"final/{k}": v for k, v in snapshot(model, block).items()})
-    np.savez(dst, losses=np.array(losses), evaluation_loss=evaluation["loss"], **out)
+    np.savez(dst, losses=np.array(losses), evaluation_loss=evaluation["loss"],
+             evaluation=json.dumps({k: float(v) for k, v in evaluation.items()}), **out)
 
 
 if __name__ == "__main__":
