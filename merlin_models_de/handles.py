@@ -17,6 +17,7 @@ from merlin.schema import Schema
 
 from merlin_models_de.backends.lookup import combiner_weights
 from merlin_models_de.planner.types import ShardingType
+from merlin_models_de.views import FeatureSelection
 
 
 _BLOCKS: list = []  # weak references to the blocks constructed in this process, oldest first
@@ -224,6 +225,20 @@ class TableAccessMixin:
         if name == self.name:
             return self
         return self._handles().get(name)
+
+    def select_by_tag(self, tags):
+        """The features tagged with any of ``tags``: this block when that is all of them,
+        None when none, else a :class:`~merlin_models_de.views.FeatureSelection` view (the
+        lookups stay collective: the view runs the whole block)."""
+        return self.select_by_names_view(self.schema.select_by_tag(tags).column_names)
+
+    def select_by_names_view(self, features):
+        features = [c for c in self.schema.column_names if c in set(features)]
+        if not features:
+            return None
+        if len(features) == len(self.schema.column_names):
+            return self
+        return FeatureSelection(self, features)
 
     def select_by_names(self, names) -> list:
         missing = [n for n in names if n not in self._handles()]

@@ -158,11 +158,18 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
     # Plain TF ops without tensor-dependent Python control flow: autograph's conversion of
     # the backend (parsing and rewriting its source at every trace) only costs startup time.
     @tf.autograph.experimental.do_not_convert
-    def call(self, inputs, training=False, **kwargs):
-        """``{feature: ids}`` (extra keys ignored) -> ``{feature: [batch, dim]}``."""
+    def call(self, inputs, training=False, selected=None, **kwargs):
+        """``{feature: ids}`` (extra keys ignored) -> ``{feature: [batch, dim]}``.
+
+        ``selected`` (a :class:`~merlin_models_de.views.FeatureSelection`'s call): only these
+        features are given and returned; the others take part in the exchanges with
+        placeholder ids (every rank runs the same exchanges) and are dropped.
+        """
         if not isinstance(inputs, Mapping):
             raise ValueError(f"DistributedEmbeddings takes a dict of features. "
                              f"Received: {type(inputs).__name__}")
+        if selected is not None:
+            inputs = with_placeholders(inputs, self.features, selected)
         ordered, problems = ordered_inputs(inputs, self.features)
         if problems and self.world_size == 1:
             raise ValueError(problems[0])  # nobody to wait for: fail at once
@@ -177,9 +184,11 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
         for name, layer in self.combiner_layers.items():
             # as Merlin's tables: the layer gets the call's kwargs it accepts (``features``)
             result[name] = call_layer(layer, result[name], training=training, **kwargs)
+        if selected is not None:
+            result = {name: result[name] for name in selected}
         for f in self.features:
             factor = self.batch_l2.get(f.table)
-            if factor:
+            if factor and f.name in result:
                 self.add_loss(reg.batch_l2_loss(result[f.name], factor, self.world_size))
         return result
 
@@ -293,6 +302,21 @@ def _serialize(init, module=tf.keras.initializers):
 
 def _feature_value(value, feature: str):
     return value.get(feature) if reg.is_by_name(value) else value
+
+
+def with_placeholders(inputs, features, selected):
+    """``inputs`` plus id 0 for every feature outside ``selected`` (one id per example, the
+    batch size of the first selected feature), so that a selection runs the exchanges of the
+    whole block."""
+    first = next((inputs[name] for name in selected if name in inputs), None)
+    if first is None:
+        return inputs  # the missing features are reported by the input checks
+    batch = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first)[0]
+    filled = dict(inputs)
+    for f in features:
+        if f.name not in selected:
+            filled[f.name] = tf.zeros(tf.stack([tf.cast(batch, tf.int32), 1]), tf.int64)
+    return filled
 
 
 def _serialize_combiner(value):

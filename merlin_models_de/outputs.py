@@ -29,8 +29,11 @@ Where the table is sharded (table-wise on one rank, or row-sliced), no rank can 
   ``mrr_at_10``, ``ndcg_at_10``, ``map_at_10``, ``precision_at_10``) from a vocab-parallel top-k
   (:func:`merlin_models_de.vocab_parallel.sharded_top_k`); metrics given to ``compile`` see
   the per-example losses, not logits, so leave them unset. ``fit`` reports the loss only.
-- Not yet on a sharded table: ``predict`` / scoring (raises naming the table), an output
-  bias.
+- Scoring (``predict``, and the build call Merlin's ``fit`` makes) on a sharded table gives
+  each rank its own examples' full logits (:func:`merlin_models_de.vocab_parallel.sharded_logits`:
+  every rank scores the global batch against its rows; memory ``B_local x catalog``, what
+  ``predict`` returns).
+- Not yet on a sharded table: an output bias.
 
 A saved model names the table in the output's config; loading binds it to the table of the
 most recently constructed block that has one of that name (the loaded model's own block,
@@ -51,8 +54,8 @@ from merlin.schema import Schema
 
 from merlin_models_de import comm
 from merlin_models_de.handles import TableHandle, latest_table
-from merlin_models_de.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_softmax_cross_entropy,
-                                             sharded_top_k)
+from merlin_models_de.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_logits,
+                                             sharded_softmax_cross_entropy, sharded_top_k)
 
 
 def no_metrics():
@@ -213,22 +216,22 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         return self.table.embedding_lookup(ids)
 
     def logits(self, inputs):
+        """``inputs @ table^T`` (+ bias); on a sharded table collective (every rank scores
+        the global batch against its rows, see :func:`sharded_logits`)."""
         if isinstance(inputs, tf.RaggedTensor):
             return inputs.with_flat_values(self.logits(inputs.flat_values))
+        if self.table.sharded:
+            self.table.check_whole_rows()
+            rows, offset = self.table.local_rows()
+            return sharded_logits(inputs, rows, offset, self.num_classes,
+                                  name=f"mmde_tied_{self.table.name}_logits")
         logits = tf.matmul(inputs, self.embeddings, transpose_b=True)
         return tf.nn.bias_add(logits, self.bias) if self.use_bias else logits
 
     def call(self, inputs, targets=None, training=False, testing=False, **kwargs):
-        scoring = not (training or testing)
-        if not self.vocab_parallel or (scoring and not self.table.sharded):
+        if not (self.vocab_parallel and (training or testing)):
             return self.logits(inputs)
         name = self.table.name
-        if scoring:
-            raise ValueError(
-                f"Table '{name}' is sharded across {self.table.block.world_size} ranks, so no "
-                "rank can compute the output's full logits: predict / serving of the tied "
-                "output are not supported on a sharded table yet (fit and evaluate are). "
-                "Score in one process with the gathered table (block.get_global_weights()).")
         if isinstance(targets, dict):
             if self.target not in targets:
                 raise ValueError(f"The tied output over table '{name}' needs the target "

@@ -440,4 +440,37 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
     return _merge_top_k(scores, per_owner(comm.after(ids, scores), "ids"), k)
 
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "sharded_softmax_cross_entropy", "sharded_top_k"]
+# ---- full logits (predict) ---------------------------------------------------------------------
+
+
+def sharded_logits(hidden, table_rows, row_offset, num_rows=None, name="mmde_vocab_logits"):
+    """Full logits ``[B_local, catalog]`` of this rank's hidden states over a row-sharded
+    catalog: what ``predict`` returns, equal to ``hidden @ W^T`` of one process.
+
+    Every rank scores the global batch against its own rows; each example's scores go to
+    its owner (one all-to-all of ``[B_global, R_max]``), which puts the columns in item order.
+    Memory per rank: ``O(B_global * R_r + B_local * catalog)``, the logits the caller asked
+    for (never the global batch's). Not differentiable. Collective.
+    """
+    where = f"sharded_logits '{name}'"
+    hidden = tf.stop_gradient(tf.convert_to_tensor(hidden))
+    table = tf.stop_gradient(tf.convert_to_tensor(table_rows))
+    _static_checks(where, hidden, table, None, DEFAULT_CHUNK_ROWS)
+    h, _, sizes, catalog, header = _gather_inputs(where, name, hidden, None, table, None,
+                                                  row_offset, num_rows)
+    offsets, rows = header[:, _OFFSET], header[:, _ROWS]
+    width = tf.reduce_max(rows)
+    local = tf.matmul(h, table, transpose_b=True)  # [B_global, R_r]
+    local = tf.pad(local, [[0, 0], [0, width - tf.shape(local, out_type=tf.int64)[1]]])
+    received = _to_owners(comm.after(local, h), sizes, f"{name}_scores")  # [N * B_local, R_max]
+    n = tf.shape(header, out_type=tf.int64)[0]
+    per_rank = tf.reshape(received, tf.stack([n, -1, width]))  # [N, B_local, R_max]
+    flat = tf.reshape(tf.transpose(per_rank, [1, 0, 2]), tf.stack([tf.shape(per_rank)[1], -1]))
+    items = tf.range(catalog, dtype=tf.int64)[:, None]
+    owner = tf.argmax(tf.cast((items >= offsets) & (items < offsets + rows), tf.int32), axis=1)
+    column = owner * width + items[:, 0] - tf.gather(offsets, owner)
+    return tf.gather(flat, column, axis=1)
+
+
+__all__ = ["DEFAULT_CHUNK_ROWS", "sharded_logits", "sharded_softmax_cross_entropy",
+           "sharded_top_k"]

@@ -54,3 +54,41 @@ def test_handles_add_no_weights_and_the_table_trains_through_them():
         loss = tf.reduce_sum(block["user"].embedding_lookup(tf.constant([3, 3])))
     grad = tape.gradient(loss, block["user"].embeddings)
     np.testing.assert_array_equal(tf.convert_to_tensor(grad).numpy()[3], np.full(8, 2.0))
+
+
+def test_select_by_tag_gives_a_view_of_the_matching_features():
+    """As mm.Embeddings (a ParallelBlock of tables): the matching part, the block itself when
+    every feature matches, None when none does; here a view that runs the whole block."""
+    import merlin.models.tf as mm
+    from merlin.schema import Schema, Tags
+
+    from merlin_models_de.views import FeatureSelection
+    from tests.unit.helpers import cat
+
+    schema = Schema([cat("item_id", 99, tags=[Tags.ITEM, Tags.ID]),
+                     cat("item_category", 9, tags=[Tags.ITEM]),
+                     cat("user_id", 49, tags=[Tags.USER, Tags.ID]),
+                     cat("user_history", 99, multi_hot=True, tags=[Tags.USER])])
+    block = Block(schema, dim=4, backend="horovod")
+    inputs = {"item_id": tf.constant([[3], [5]]), "item_category": tf.constant([[1], [2]]),
+              "user_id": tf.constant([[7], [8]]),
+              "user_history": tf.ragged.constant([[1, 2], [4]], tf.int64)}
+    whole = block(inputs)
+    items = block.select_by_tag(Tags.ITEM)
+    assert isinstance(items, FeatureSelection)
+    assert items.schema.column_names == ["item_id", "item_category"]
+    got = items(inputs)
+    assert sorted(got) == ["item_category", "item_id"]
+    for name, value in got.items():
+        np.testing.assert_array_equal(value.numpy(), whole[name].numpy())
+    assert block.select_by_tag(Tags.CATEGORICAL) is block
+    assert block.select_by_tag([Tags.SEQUENCE, Tags.TIME]) is None
+    assert items.select_by_tag(Tags.ID).schema.column_names == ["item_id"]
+    assert not items.trainable_weights or all(
+        any(w is v for v in block.trainable_weights) for w in items.trainable_weights)
+    # inside an input block, as a two-tower model selects its towers
+    input_block = mm.InputBlockV2(schema, categorical=block, aggregation=None)
+    user_inputs = input_block.select_by_tag(Tags.USER)
+    assert sorted(user_inputs.schema.column_names) == ["user_history", "user_id"]
+    got = user_inputs(inputs)
+    np.testing.assert_allclose(got["user_history"].numpy(), whole["user_history"].numpy())

@@ -17,7 +17,8 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.planner.slicing import row_ranges
 from merlin_models_de.variables import mark_local
-from merlin_models_de.vocab_parallel import sharded_softmax_cross_entropy, sharded_top_k
+from merlin_models_de.vocab_parallel import (sharded_logits, sharded_softmax_cross_entropy,
+                                             sharded_top_k)
 
 DIM, ROWS = 4, 23
 
@@ -167,6 +168,24 @@ def test_top_k_equals_one_process(hvd, graph, kind, chunk, integer):
     want_scores, want_ids = tf.math.top_k(tf.constant(logits), k)
     np.testing.assert_array_equal(ids.numpy(), want_ids.numpy()[examples])
     np.testing.assert_allclose(scores.numpy(), want_scores.numpy()[examples], atol=1e-5)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("kind", ["even", "last_rank_only", "reversed"])
+def test_full_logits_equal_one_process(hvd, graph, kind):
+    """predict's logits: each rank its own examples' scores over the whole catalog, in item
+    order, from ranks holding uneven, empty or reversed row ranges and batches."""
+    g = global_data(comm.size(), uneven=kind != "even", seed=3)
+    examples, rows, offset = mine(g, kind)
+
+    def logits():
+        return sharded_logits(tf.constant(g["hidden"][examples]), tf.constant(g["table"][rows]),
+                              offset, num_rows=ROWS, name="vp_logits")
+
+    got = (tf.function(logits) if graph else logits)().numpy()
+    want = (g["hidden"] @ g["table"].T)[examples]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def in_step():

@@ -161,7 +161,7 @@ def main(src, dst):
     evaluation.update(exact_top_k_metrics(logits, y.reshape(-1)))
     out = {f"initial/{k}": v for k, v in initial.items()}
     out.update({f"final/{k}": v for k, v in snapshot(model, block).items()})
-    np.savez(dst, losses=np.array(losses), evaluation_loss=evaluation["loss"],
+    np.savez(dst, losses=np.array(losses), evaluation_loss=evaluation["loss"], predictions=logits,
              evaluation=json.dumps({k: float(v) for k, v in evaluation.items()}), **out)
 
 
