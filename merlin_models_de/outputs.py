@@ -107,6 +107,11 @@ class _ShardedRows:
                 "Use embedding_lookup(ids) for rows, or block.get_global_weights() "
                 "(collective: every rank calls it) for a NumPy copy.")
 
+    def __getattr__(self, attribute):  # .numpy(), .value(), ...: say why there is none
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        raise AttributeError(f"{attribute}: {self.message()}")
+
     def __repr__(self):
         return f"<sharded table {self.table.name!r}: {self.message()}>"
 
