@@ -1,0 +1,154 @@
+"""One table of a block written to files by every rank in parallel, and read back.
+
+For catalogs too large for one host's memory (the item table of a retrieval model, to index
+for serving): each rank writes the rows (or row x column rectangle) it holds, nobody gathers
+the table. Rank 0 then writes ``manifest.json``; a reader assembles the whole table or
+streams it in row batches from memory maps, never holding more than one batch.
+
+Layout of ``directory``::
+
+    manifest.json   {"format": "mmde-table/1", "table", "rows", "dim", "dtype",
+                     "parts": [{"file", "row_start", "rows", "col_start", "cols"}, ...]}
+    part-00000.npy  one rectangle of the table each (file names never come from table names)
+
+Example:
+    >>> export_table(block, "item_id", "/data/items")  # every rank calls it  # doctest: +SKIP
+    >>> for first_row, vectors in iter_table("/data/items", batch_rows=100_000):
+    ...     index.add(vectors)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from merlin_models_de import comm
+from merlin_models_de.checkpoint_files import CheckpointError, inside, load_array, write_array
+
+FORMAT = "mmde-table/1"
+MANIFEST = "manifest.json"
+
+
+def _part_name(index: int) -> str:
+    return f"part-{index:05d}.npy"
+
+
+def export_table(block, table: str, directory: str) -> str:
+    """Collective: writes ``table`` of ``block`` to ``directory`` (see the module doc).
+
+    Every rank writes its own rectangles of the table; a write that fails on any rank
+    raises on every rank, naming the rank and its error, and no manifest is written (a
+    previous export's manifest is removed first, so a half-written export is never read).
+    Returns ``directory``.
+    """
+    names = [t.name for t in block.tables]
+    if table not in names:  # the same on every rank: no collective needed to agree
+        raise ValueError(f"Block '{block.name}' has no table {table!r}. Tables: {names}")
+    block._ensure_built()  # pylint: disable=protected-access
+    shards = block.plan.stored_shards_of(table)
+    spec = block.plan.table(table)
+    dtype = np.dtype(block.backend.dtype.as_numpy_dtype)
+    error = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if block.rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
+            os.remove(os.path.join(directory, MANIFEST))
+        for index, shard in enumerate(shards):
+            if shard.rank == block.rank:
+                var, first = block.backend.shard_variable(shard)
+                write_array(inside(directory, _part_name(index), "table part"),
+                            var[first:first + shard.rows].numpy())
+    except Exception as exc:  # pylint: disable=broad-except
+        error = f"{type(exc).__name__}: {exc}"
+    _raise_on_every_rank(comm.allgather_object(error, name="mmde_table_export_written"),
+                         table, directory)
+    if block.rank == 0:
+        manifest = {"format": FORMAT, "table": table, "rows": spec.rows, "dim": spec.dim,
+                    "dtype": dtype.name,
+                    "parts": [{"file": _part_name(i), "row_start": s.row_start, "rows": s.rows,
+                               "col_start": s.col_start, "cols": s.cols}
+                              for i, s in enumerate(shards)]}
+        try:
+            temporary = os.path.join(directory, f".{MANIFEST}.tmp")
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1)
+            os.replace(temporary, os.path.join(directory, MANIFEST))
+            error = None
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    _raise_on_every_rank(comm.allgather_object(error, name="mmde_table_export_manifest"),
+                         table, directory)
+    return directory
+
+
+def _raise_on_every_rank(errors, table, directory) -> None:
+    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+    if failed:
+        rank, error = failed[0]
+        raise OSError(f"Exporting table '{table}' to {directory} failed on rank {rank}: {error}")
+
+
+def read_manifest(directory: str) -> dict:
+    """The export's manifest, checked: format, shape and parts that tile the table."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT!r}")
+        rows, dim = int(manifest["rows"]), int(manifest["dim"])
+        np.dtype(manifest["dtype"])
+        covered = np.zeros((rows, dim), bool) if rows * dim <= 10**8 else None
+        for part in manifest["parts"]:
+            r0, nr, c0, nc = (int(part[k]) for k in ("row_start", "rows", "col_start", "cols"))
+            if r0 < 0 or c0 < 0 or nr < 0 or nc < 0 or r0 + nr > rows or c0 + nc > dim:
+                raise ValueError(f"part {part['file']!r} lies outside the {rows} x {dim} table")
+            if covered is not None:
+                covered[r0:r0 + nr, c0:c0 + nc] = True
+        if covered is not None and not covered.all():
+            raise ValueError("its parts do not cover the table")
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"No table export in {directory}: {path} is missing.") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"Table export manifest {path} is damaged: {exc}") from exc
+    return manifest
+
+
+def _parts(directory: str, manifest: dict):
+    dtype = np.dtype(manifest["dtype"])
+    for part in manifest["parts"]:
+        path = inside(directory, part["file"], "table part")
+        yield part, load_array(path, (part["rows"], part["cols"]), dtype)
+
+
+def iter_table(directory: str, batch_rows: int = 65536):
+    """Yields ``(first_row, vectors [n, dim])`` for consecutive row batches of the exported
+    table; at most one batch is in memory (the parts are memory-mapped)."""
+    if not isinstance(batch_rows, int) or batch_rows < 1:
+        raise ValueError(f"batch_rows must be a positive int. Received: {batch_rows!r}")
+    manifest = read_manifest(directory)
+    parts = list(_parts(directory, manifest))
+    rows, dim = manifest["rows"], manifest["dim"]
+    for start in range(0, rows, batch_rows):
+        stop = min(start + batch_rows, rows)
+        batch = np.zeros((stop - start, dim), manifest["dtype"])
+        for part, array in parts:
+            lo, hi = max(start, part["row_start"]), min(stop, part["row_start"] + part["rows"])
+            if lo < hi:
+                batch[lo - start:hi - start, part["col_start"]:part["col_start"] + part["cols"]] = \
+                    array[lo - part["row_start"]:hi - part["row_start"]]
+        yield start, batch
+
+
+def read_table(directory: str) -> np.ndarray:
+    """The whole exported table as one array (for tables that fit in memory)."""
+    manifest = read_manifest(directory)
+    table = np.zeros((manifest["rows"], manifest["dim"]), manifest["dtype"])
+    for part, array in _parts(directory, manifest):
+        table[part["row_start"]:part["row_start"] + part["rows"],
+              part["col_start"]:part["col_start"] + part["cols"]] = array
+    return table
+
+
+__all__ = ["export_table", "iter_table", "read_manifest", "read_table"]
