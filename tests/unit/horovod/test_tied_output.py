@@ -103,3 +103,39 @@ def test_a_column_sliced_item_table_is_refused_on_every_rank(hvd):
     assert block.plan.kind_of("item") is ShardingType.COLUMN_WISE
     with pytest.raises(ValueError, match="Table 'item' is column-sliced across ranks"):
         CategoricalOutput(to_call=block["item"], target=tr.TARGET)
+
+
+@pytest.mark.parametrize("layout, optimizer, eager", [
+    ("row_sliced", "sgd", False), ("table_wise", "adagrad", True)])
+def test_contrastive_with_global_in_batch_negatives_equals_one_process(
+        hvd, tmp_path_factory, layout, optimizer, eager):
+    """``mm.ContrastiveOutput(to_call=block["item"])`` with GlobalInBatchSampler: each query
+    scores every rank's positives (looked up through the sharded table), so the losses and
+    trained weights equal one process on the global batch; Merlin's local "in-batch" does
+    not (fewer negatives per query)."""
+    n, r = comm.size(), comm.rank()
+    per_rank = 12  # Merlin's default top-10 metrics need >= 10 candidates, locally too
+    spec = dict(LAYOUTS[layout], optimizer=optimizer, eager=eager, lr=0.3, world_size=n,
+                per_rank=per_rank, output="contrastive")
+    data = comm.broadcast_object(tr.make_data(n * per_rank * STEPS, seed=11))
+    ref = reference(spec, data, str(tmp_path_factory.mktemp("contrastive")))
+    rows = tr.rank_rows(n * per_rank * STEPS, per_rank, n, r)
+    x, y = tr.split_xy(data, rows)
+
+    def trained(sampler_is_global):
+        model, block = tr.build_model(dict(spec, block="de", **{"global": sampler_is_global}))
+        assert block["item"].sharded
+        model({k: tf.constant(v[:2]) for k, v in x.items()}, targets=tf.constant(y[:2]),
+              training=True)
+        tr.restore(model, block, ref, "initial")
+        losses = tr.train(model, x, y, per_rank, spec, spec["lr"])
+        return model, block, np.mean(comm.allgather_object(losses), axis=0)
+
+    model, block, per_step = trained(True)
+    np.testing.assert_allclose(per_step, ref["losses"], rtol=1e-5, atol=1e-6)
+    final = tr.snapshot(model, block)
+    for key, value in final.items():
+        np.testing.assert_allclose(value, ref[f"final/{key}"], rtol=1e-4, atol=1e-6, err_msg=key)
+    assert not np.allclose(final["table/item"], ref["initial/table/item"])
+    _, _, local = trained(False)
+    assert not np.allclose(local, ref["losses"], rtol=1e-3)

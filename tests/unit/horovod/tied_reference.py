@@ -37,7 +37,9 @@ def build_model(spec):
     """``spec``: ``block`` ("mm": mm.Embeddings + mm.CategoricalOutput; "de":
     DistributedEmbeddings + this package's output), ``strategy``, ``row`` (row-slice
     threshold), ``vocab_parallel`` (None / True / False), ``chunk_rows``, ``plain`` (the
-    block's table handle given to Merlin's own ``mm.CategoricalOutput``)."""
+    block's table handle given to Merlin's own ``mm.CategoricalOutput``), ``output``
+    ("contrastive": ``mm.ContrastiveOutput`` with in-batch negatives, ``global`` (default
+    True) from every rank's batch)."""
     import merlin.models.tf as mm
 
     import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
@@ -51,7 +53,13 @@ def build_model(spec):
     else:
         block = mm.DistributedEmbeddings(s, dim=DIM, strategy=spec.get("strategy", "basic"),
                                          row_slice_threshold=spec.get("row"), backend="horovod")
-        if spec.get("plain"):  # Merlin's own output class, given the handle
+        if spec.get("output") == "contrastive":  # in-batch negatives, tied to the table
+            from merlin_models_de.samplers import GlobalInBatchSampler
+
+            sampler = GlobalInBatchSampler() if spec.get("global", True) else "in-batch"
+            output = mm.ContrastiveOutput(to_call=block["item"], target=TARGET,
+                                          negative_samplers=sampler)
+        elif spec.get("plain"):  # Merlin's own output class, given the handle
             output = mm.CategoricalOutput(to_call=block["item"], target=TARGET)
         else:
             output = CategoricalOutput(to_call=block["item"], target=TARGET,
