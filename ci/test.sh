@@ -39,7 +39,7 @@ run_stage "single-process tests" \
     -p no:cacheprovider --timeout=600 -q "$@"
 
 run_stage "horovodrun -np $NP tests" \
-  timeout --kill-after=30 1500 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
+  timeout --kill-after=30 2400 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
     python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
 
 # Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,

@@ -139,3 +139,29 @@ def test_contrastive_with_global_in_batch_negatives_equals_one_process(
     assert not np.allclose(final["table/item"], ref["initial/table/item"])
     _, _, local = trained(False)
     assert not np.allclose(local, ref["losses"], rtol=1e-3)
+
+
+def test_a_saved_model_with_the_sharded_tied_output_reloads_and_scores_the_same(
+        hvd, tmp_path_factory):
+    """model.save on every rank (rank 0 writes the single-process SavedModel), then
+    load_model on every rank: the loaded output is tied to the loaded block's (sharded)
+    table and predicts what the trained model predicts."""
+    from merlin_models_de.variables import embedding_blocks
+    from tests.unit.horovod.test_checkpoint import shared_dir
+
+    n, r = comm.size(), comm.rank()
+    spec = dict(LAYOUTS["row_sliced"], optimizer="adagrad", lr=0.3)
+    model, block = tr.build_model(dict(spec, block="de", plain=True))
+    data = comm.broadcast_object(tr.make_data(n * PER_RANK * 2, seed=13))
+    x, y = tr.split_xy(data, tr.rank_rows(n * PER_RANK * 2, PER_RANK, n, r))
+    tr.train(model, x, y, PER_RANK, spec, spec["lr"])
+    want = model.predict(tr.dataset(x, y, PER_RANK), verbose=0)
+    path = shared_dir(tmp_path_factory, "saved") + "/model"
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    (loaded_block,) = embedding_blocks(loaded)
+    assert loaded_block is not block and loaded_block["item"].sharded
+    (output,) = loaded.model_outputs
+    assert output.to_call.table.block is loaded_block
+    got = loaded.predict(tr.dataset(x, y, PER_RANK), verbose=0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,158 @@
+"""Next-item benchmark: a sharded item table and vocab-parallel softmax against Merlin's own.
+
+Runs the next-item command (``merlin_models_de.apps.next_item``) on the same synthetic
+sessions and the same global batches:
+
+- ``single``: one process, ``mm.Embeddings`` and Merlin's full softmax, global batch N*B;
+- ``data-parallel``: N ranks, ``mm.Embeddings`` (every rank holds the table and computes the
+  full ``[B, catalog]`` softmax; the table's gradient is allreduced every step);
+- ``sharded``: N ranks, ``DistributedEmbeddings`` with the item table row-sliced, the softmax
+  vocab-parallel.
+
+Speed is global samples/s over every epoch's steps after its first (which traces the step),
+with ratios to ``single`` and ``data-parallel``; memory is each rank's embedding bytes and
+peak resident memory, with ratios of the busiest rank's peak. Output: a markdown table on
+stdout and in ``<out>/bench_next_item.md``, everything in ``<out>/bench_next_item.json``.
+
+Example:
+    python -m merlin_models_de.apps.bench_next_item --np 2 --items 200000 --out bench/
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from merlin_models_de.apps.bench import horovodrun
+from merlin_models_de.apps.console import quiet_imports
+from merlin_models_de.apps.defaults import LEARNING_RATES
+from merlin_models_de.tables import human_bytes
+
+RUNS = ("single", "data-parallel", "sharded")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m merlin_models_de.apps.bench_next_item",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--np", type=int, default=2, help="ranks of the multi-process runs")
+    ap.add_argument("--hosts", default=None, help="horovodrun -H (default localhost:NP)")
+    ap.add_argument("--network-interface", default=None)
+    ap.add_argument("--items", type=int, default=200_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--sessions", type=int, default=20_480)
+    ap.add_argument("--batch-size", type=int, default=512, help="sessions per rank per step")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--encoder", default="gru")
+    ap.add_argument("--skip", default="", help="comma list of runs to leave out")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+    ap.add_argument("--out", default="bench")
+    return ap
+
+
+def _runs(args) -> list[dict]:
+    n, lr = args.np, LEARNING_RATES[args.optimizer]
+    base = ["--items", str(args.items), "--dim", str(args.dim), "--sessions", str(args.sessions),
+            "--epochs", str(args.epochs), "--optimizer", args.optimizer, "--encoder",
+            args.encoder, "--quiet"]
+    dist = base + ["--batch-size", str(args.batch_size), "--learning-rate", str(lr)]
+    runs = [
+        {"name": "single", "ranks": 1,
+         "args": base + ["--embeddings", "merlin", "--batch-size", str(args.batch_size * n),
+                         "--learning-rate", str(lr * n)]},
+        {"name": "data-parallel", "ranks": n, "args": dist + ["--embeddings", "merlin"]},
+        {"name": "sharded", "ranks": n, "args": dist + ["--embeddings", "distributed"]},
+    ]
+    skip = set(filter(None, args.skip.split(",")))
+    return [r for r in runs if r["name"] not in skip]
+
+
+def _launch(run, args, report) -> tuple[int, float, str]:
+    cmd = [sys.executable, "-m", "merlin_models_de.apps.next_item", *run["args"],
+           "--report", report]
+    if run["ranks"] > 1:
+        cmd = horovodrun(run["ranks"], cmd, args.hosts, args.network_interface)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
+                              check=False)
+        code, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
+    except subprocess.TimeoutExpired as err:
+        code, tail = -1, f"timed out after {args.timeout} s: {str(err.stdout or '')[-2000:]}"
+    return code, time.perf_counter() - t0, tail
+
+
+def row(name: str, ranks: int, rep: dict, refs: dict) -> dict:
+    """One result row, with ratios to the reference rows in ``refs`` (by run name)."""
+    last = rep["epochs"][-1]
+    val = rep.get("val") or {}
+    out = {"run": name, "ranks": ranks, "warm_samples_per_second": rep["warm_samples_per_second"],
+           "embedding_bytes_per_rank": last["embedding_bytes"],
+           "peak_rss_per_rank": last["peak_rss_bytes"],
+           "embedding_fraction": max(last["embedding_bytes"]) / rep["total_embedding_bytes"],
+           "item_table": rep["item_table_kind"], "final_loss": rep["final_loss"],
+           "recall_at_10": val.get("recall_at_10"), "ndcg_at_10": val.get("ndcg_at_10")}
+    for key, ref in refs.items():
+        out[f"x_{key}"] = out["warm_samples_per_second"] / ref["warm_samples_per_second"]
+        out[f"rss_x_{key}"] = max(out["peak_rss_per_rank"]) / max(ref["peak_rss_per_rank"])
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    """The results as a markdown table."""
+    head = ("| run | ranks | item table | warm samples/s | x single | x data-parallel | "
+            "emb bytes/rank (max, share) | peak RSS/rank (max) | RSS x single | "
+            "RSS x data-parallel | loss | recall@10 | ndcg@10 |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['ranks']} | {r['item_table']} | "
+            f"{fmt(r['warm_samples_per_second'], ',.0f')} | {fmt(r.get('x_single'), '.2f')} | "
+            f"{fmt(r.get('x_data-parallel'), '.2f')} | "
+            f"{human_bytes(max(r['embedding_bytes_per_rank']))} ({r['embedding_fraction']:.2f}) "
+            f"| {human_bytes(max(r['peak_rss_per_rank']))} | {fmt(r.get('rss_x_single'), '.2f')} "
+            f"| {fmt(r.get('rss_x_data-parallel'), '.2f')} | {fmt(r['final_loss'], '.4f')} | "
+            f"{fmt(r['recall_at_10'], '.4f')} | {fmt(r['ndcg_at_10'], '.4f')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Runs the three rows in turn; returns non-zero when one failed."""
+    quiet_imports()
+    args = _parser().parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    rows, failed, refs = [], [], {}
+    for run in _runs(args):
+        report = os.path.join(args.out, f"next_item-{run['name']}.json")
+        print(f"== {run['name']} ({run['ranks']} rank(s))", flush=True)
+        code, seconds, tail = _launch(run, args, report)
+        if code != 0:
+            print(f"   failed (exit {code}) after {seconds:.0f} s:\n{tail}", flush=True)
+            failed.append(run["name"])
+            continue
+        with open(report, encoding="utf-8") as f:
+            rep = json.load(f)
+        result = row(run["name"], run["ranks"], rep,
+                     {k: v for k, v in refs.items() if k != run["name"]})
+        if run["name"] in ("single", "data-parallel"):
+            refs[run["name"]] = result
+        rows.append(result)
+        print(f"   {result['warm_samples_per_second']:,.0f} samples/s warm, run {seconds:.0f} s",
+              flush=True)
+    table = markdown(rows)
+    print(table)
+    with open(os.path.join(args.out, "bench_next_item.json"), "w", encoding="utf-8") as f:
+        json.dump({"config": vars(args), "rows": rows, "failed": failed}, f, indent=1)
+    with open(os.path.join(args.out, "bench_next_item.md"), "w", encoding="utf-8") as f:
+        f.write(table + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Deterministic synthetic sessions for the next-item command, per rank (no TensorFlow here).
+
+A session is 2..``max_length`` item ids (ids 1..items-1; 0 is left free as Merlin's padding id).
+Items have a Zipf-like popularity (the item of popularity rank ``r`` is drawn with
+probability proportional to ``1 / (r + 1) ** exponent``), and each next item is, with
+probability 1/2, the item just after the previous one in popularity order, else a fresh
+draw: a model can learn both the popularity and the transitions, so recall means something.
+Popularity ranks are scattered over the id range by a fixed permutation, so popular items
+fall on every rank's rows of a row-sliced table.
+
+Sessions are made in fixed blocks of ``BLOCK_SESSIONS``, each from its own seed, so session
+``i`` depends only on ``(seed, i)``: a rank makes only its own sessions, and the global set is
+the same whatever the world size (see :func:`merlin_models_de.apps.synthetic.rank_rows`).
+
+Example:
+    >>> s = make_sessions(1000, 5, [(0, 3)], seed=0)
+    >>> len(s["lengths"]), int(s["lengths"].sum()) == len(s["values"])
+    (3, True)
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+BLOCK_SESSIONS = 4096
+EXPONENT = 1.1  # popularity: Zipf-like, about a quarter of all draws hit the 10 most popular
+
+
+@lru_cache(maxsize=4)
+def _popularity(items: int, exponent: float):
+    """(cumulative probability by popularity rank, multiplier of the rank -> id permutation)."""
+    weights = 1.0 / np.arange(1, items, dtype=np.float64) ** exponent
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    n = items - 1
+    step = int(n * 0.618) | 1  # a multiplier coprime with n permutes 0..n-1
+    while math.gcd(step, n) != 1:
+        step += 2
+    return cdf, step
+
+
+def _ids(ranks: np.ndarray, items: int, step: int) -> np.ndarray:
+    return 1 + (ranks * step) % (items - 1)
+
+
+def _block(items: int, max_length: int, index: int, seed: int, exponent: float):
+    cdf, step = _popularity(items, exponent)
+    rng = np.random.default_rng([seed, index])
+    lengths = rng.integers(2, max_length + 1, BLOCK_SESSIONS)
+    total = int(lengths.sum())
+    fresh = np.minimum(np.searchsorted(cdf, rng.random(total)), items - 2)
+    follow = rng.random(total) < 0.5
+    starts = np.zeros(total, dtype=bool)
+    starts[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = True
+    ranks = fresh.copy()
+    for i in np.flatnonzero(follow & ~starts):  # successor of the previous popularity rank
+        ranks[i] = (ranks[i - 1] + 1) % (items - 1)
+    return _ids(ranks, items, step), lengths
+
+
+def make_sessions(items: int, max_length: int, ranges: list[tuple[int, int]], seed: int = 0,
+                  exponent: float = EXPONENT) -> dict:
+    """``{"values": ids, "lengths": per-session lengths}`` of the sessions in ``ranges``
+    (global session indices ``[lo, hi)``, in order)."""
+    values, lengths = [], []
+    current, block = -1, None  # ranges come in order: one block in memory at a time
+    for lo, hi in ranges:
+        for b in range(lo // BLOCK_SESSIONS, (hi - 1) // BLOCK_SESSIONS + 1):
+            if b != current:
+                current = b
+                ids, lens = _block(items, max_length, b, seed, exponent)
+                block = (ids, lens, np.concatenate([[0], np.cumsum(lens)]))
+            ids, lens, offsets = block
+            start = b * BLOCK_SESSIONS
+            a, z = max(lo, start) - start, min(hi, start + BLOCK_SESSIONS) - start
+            values.append(ids[offsets[a]:offsets[z]])
+            lengths.append(lens[a:z])
+    if not values:
+        return {"values": np.zeros(0, np.int64), "lengths": np.zeros(0, np.int64)}
+    return {"values": np.concatenate(values).astype(np.int64),
+            "lengths": np.concatenate(lengths).astype(np.int64)}
+
+
+def session_schema(items: int, max_length: int, name: str = "item_id"):
+    """A Merlin schema of one ragged item-id sequence column tagged ITEM_ID and SEQUENCE."""
+    from merlin.schema import ColumnSchema, Schema, Tags
+
+    return Schema([ColumnSchema(
+        name, tags=[Tags.CATEGORICAL, Tags.ITEM, Tags.ID, Tags.SEQUENCE], dtype=np.int64,
+        is_list=True, is_ragged=True,
+        properties={"domain": {"min": 0, "max": items - 1, "name": name},
+                    "value_count": {"min": 2, "max": max_length}})])
