@@ -101,8 +101,10 @@ def horovodrun(ranks: int, command: list, hosts: str | None = None,
             + (["--network-interface", nic] if nic else []) + list(command))
 
 
-def _launch(run, args, report) -> tuple[int, float, str]:
-    cmd = [sys.executable, "-m", "merlin_models_de.apps.dlrm", *run["args"], "--report", report]
+def launch(module: str, run: dict, args, report: str) -> tuple[int, float, str]:
+    """Runs ``python -m module`` with the run's options (under horovodrun for several
+    ranks), writing its JSON report to ``report``; returns (exit code, seconds, output tail)."""
+    cmd = [sys.executable, "-m", module, *run["args"], "--report", report]
     if run["ranks"] > 1:
         cmd = horovodrun(run["ranks"], cmd, args.hosts, args.network_interface)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
@@ -114,6 +116,29 @@ def _launch(run, args, report) -> tuple[int, float, str]:
     except subprocess.TimeoutExpired as err:
         code, tail = -1, f"timed out after {args.timeout} s: {str(err.stdout or '')[-2000:]}"
     return code, time.perf_counter() - t0, tail
+
+
+def finished_runs(module: str, runs: list, args, report_name, label, failed: list):
+    """Launches each run in turn; yields ``(run, report dict, seconds)`` of those that
+    succeeded and appends the names of the others to ``failed`` (after printing why)."""
+    for run in runs:
+        report = os.path.join(args.out, report_name(run))
+        print(f"== {label(run)}", flush=True)
+        code, seconds, tail = launch(module, run, args, report)
+        if code != 0:
+            print(f"   failed (exit {code}) after {seconds:.0f} s:\n{tail}", flush=True)
+            failed.append(run["name"])
+            continue
+        with open(report, encoding="utf-8") as f:
+            yield run, json.load(f), seconds
+
+
+def write_results(out: str, stem: str, table: str, payload: dict) -> None:
+    """``<stem>.json`` (the payload) and ``<stem>.md`` (the table) in ``out``."""
+    with open(os.path.join(out, f"{stem}.json"), "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.join(out, f"{stem}.md"), "w", encoding="utf-8") as f:
+        f.write(table + "\n")
 
 
 def _row(run, rep, single, dp) -> dict:
@@ -165,16 +190,10 @@ def main(argv=None) -> int:
             return 2
     os.makedirs(args.out, exist_ok=True)
     rows, failed, refs = [], [], {}
-    for run in _runs(args):
-        report = os.path.join(args.out, f"{run['name'].replace('/', '_')}-{run['optimizer']}.json")
-        print(f"== {run['name']} ({run['optimizer']}, {run['ranks']} rank(s))", flush=True)
-        code, seconds, tail = _launch(run, args, report)
-        if code != 0:
-            print(f"   failed (exit {code}) after {seconds:.0f} s:\n{tail}", flush=True)
-            failed.append(run["name"])
-            continue
-        with open(report, encoding="utf-8") as f:
-            rep = json.load(f)
+    for run, rep, seconds in finished_runs(
+            "merlin_models_de.apps.dlrm", _runs(args), args,
+            lambda r: f"{r['name'].replace('/', '_')}-{r['optimizer']}.json",
+            lambda r: f"{r['name']} ({r['optimizer']}, {r['ranks']} rank(s))", failed):
         key = (run["name"], run["optimizer"])
         row = _row(run, rep, refs.get(("single", run["optimizer"])),
                    refs.get(("data-parallel", run["optimizer"])))
@@ -184,15 +203,10 @@ def main(argv=None) -> int:
               f"{row['time_to_first_step']:.1f} s, run {seconds:.0f} s", flush=True)
     table = markdown(rows)
     print(table)
-    config = vars(args)
-    with open(os.path.join(args.out, "bench.json"), "w", encoding="utf-8") as f:
-        json.dump({"config": config, "rows": rows, "failed": failed,
-                   "command": "python -m merlin_models_de.bench " + " ".join(argv or sys.argv[1:])},
-                  f, indent=1)
-    with open(os.path.join(args.out, "bench.md"), "w", encoding="utf-8") as f:
-        f.write(table + "\n")
+    write_results(args.out, "bench", table, {
+        "config": vars(args), "rows": rows, "failed": failed,
+        "command": "python -m merlin_models_de.bench " + " ".join(argv or sys.argv[1:])})
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

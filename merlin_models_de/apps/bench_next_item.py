@@ -20,13 +20,10 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 
-from merlin_models_de.apps.bench import horovodrun
+from merlin_models_de.apps.bench import finished_runs, write_results
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.tables import human_bytes
@@ -71,22 +68,6 @@ def _runs(args) -> list[dict]:
     return [r for r in runs if r["name"] not in skip]
 
 
-def _launch(run, args, report) -> tuple[int, float, str]:
-    cmd = [sys.executable, "-m", "merlin_models_de.apps.next_item", *run["args"],
-           "--report", report]
-    if run["ranks"] > 1:
-        cmd = horovodrun(run["ranks"], cmd, args.hosts, args.network_interface)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
-                              check=False)
-        code, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
-    except subprocess.TimeoutExpired as err:
-        code, tail = -1, f"timed out after {args.timeout} s: {str(err.stdout or '')[-2000:]}"
-    return code, time.perf_counter() - t0, tail
-
-
 def row(name: str, ranks: int, rep: dict, refs: dict) -> dict:
     """One result row, with ratios to the reference rows in ``refs`` (by run name)."""
     last = rep["epochs"][-1]
@@ -128,16 +109,10 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rows, failed, refs = [], [], {}
-    for run in _runs(args):
-        report = os.path.join(args.out, f"next_item-{run['name']}.json")
-        print(f"== {run['name']} ({run['ranks']} rank(s))", flush=True)
-        code, seconds, tail = _launch(run, args, report)
-        if code != 0:
-            print(f"   failed (exit {code}) after {seconds:.0f} s:\n{tail}", flush=True)
-            failed.append(run["name"])
-            continue
-        with open(report, encoding="utf-8") as f:
-            rep = json.load(f)
+    for run, rep, seconds in finished_runs(
+            "merlin_models_de.apps.next_item", _runs(args), args,
+            lambda r: f"next_item-{r['name']}.json",
+            lambda r: f"{r['name']} ({r['ranks']} rank(s))", failed):
         result = row(run["name"], run["ranks"], rep,
                      {k: v for k, v in refs.items() if k != run["name"]})
         if run["name"] in ("single", "data-parallel"):
@@ -147,12 +122,9 @@ def main(argv=None) -> int:
               flush=True)
     table = markdown(rows)
     print(table)
-    with open(os.path.join(args.out, "bench_next_item.json"), "w", encoding="utf-8") as f:
-        json.dump({"config": vars(args), "rows": rows, "failed": failed}, f, indent=1)
-    with open(os.path.join(args.out, "bench_next_item.md"), "w", encoding="utf-8") as f:
-        f.write(table + "\n")
+    write_results(args.out, "bench_next_item", table,
+                  {"config": vars(args), "rows": rows, "failed": failed})
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

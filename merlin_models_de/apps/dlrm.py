@@ -181,14 +181,23 @@ def _report_problem(problem: str, host_dependent: bool) -> None:
         print(f"error (rank {rank}, host {host}): {problem}", file=sys.stderr)
 
 
-def main(argv=None) -> int:
-    """Entry point (console script ``merlin-models-de-dlrm``); returns the exit code."""
+def checked_arguments(option_parser, argv, check_options, check_host):
+    """Parsed options, or None after reporting the first problem (options first, then what
+    depends on the host), before TensorFlow loads."""
     quiet_imports()
-    args = parser().parse_args(argv)
+    args = option_parser.parse_args(argv)
     problem = check_options(args)
     host_problem = None if problem else check_host(args)
     if problem or host_problem:
         _report_problem(problem or host_problem, host_dependent=bool(host_problem))
+        return None
+    return args
+
+
+def main(argv=None) -> int:
+    """Entry point (console script ``merlin-models-de-dlrm``); returns the exit code."""
+    args = checked_arguments(parser(), argv, check_options, check_host)
+    if args is None:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
     from merlin_models_de.apps.dlrm_run import run
 

@@ -30,9 +30,9 @@ import math
 import sys
 import time
 
-from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import OPTIMIZERS
-from merlin_models_de.apps.dlrm import EMBEDDINGS, _OneLineParser, _ints, _report_problem, world
+from merlin_models_de.apps.dlrm import (EMBEDDINGS, _OneLineParser, _ints, checked_arguments,
+                                      world)
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
 
@@ -143,12 +143,8 @@ def check_host(args) -> str | None:
 
 def main(argv=None) -> int:
     """Entry point (console script ``merlin-models-de-next-item``); returns the exit code."""
-    quiet_imports()
-    args = parser().parse_args(argv)
-    problem = check_options(args)
-    host_problem = None if problem else check_host(args)
-    if problem or host_problem:
-        _report_problem(problem or host_problem, host_dependent=bool(host_problem))
+    args = checked_arguments(parser(), argv, check_options, check_host)
+    if args is None:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
     args.row_slice_threshold = row_slice_threshold(args, world()[0])  # the run's, resolved
     from merlin_models_de.apps.next_item_run import run
