@@ -105,7 +105,9 @@ def install_merlin_hooks(hooks) -> None:
 
     ``hooks`` provides ``active(model)`` (adjust this model?), ``compile(original, model,
     optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
-    ``fit_callbacks(model, callbacks)`` and ``save(original, model, *args, **kwargs)``.
+    ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
+    ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
+    ``predict``).
     """
     ensure_supported()
     from merlin.models.tf.models import base as merlin_base
@@ -114,6 +116,7 @@ def install_merlin_hooks(hooks) -> None:
     if getattr(model_cls, _MARK, False):
         return
     compile_, evaluate_ = model_cls.compile, model_cls.evaluate
+    fit_, predict_ = model_cls.fit, model_cls.predict
     add_callbacks = model_cls._add_horovod_callbacks  # pylint: disable=protected-access
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
@@ -121,16 +124,28 @@ def install_merlin_hooks(hooks) -> None:
             return compile_(self, optimizer, *args, **kwargs)
         return hooks.compile(compile_, self, optimizer, *args, **kwargs)
 
-    def evaluate(self, *args, **kwargs):
+    def evaluate(self, x=None, *args, **kwargs):
         if not hooks.active(self):
-            return evaluate_(self, *args, **kwargs)
-        return hooks.evaluate(evaluate_, self, *args, **kwargs)
+            return evaluate_(self, x, *args, **kwargs)
+        hooks.check_batches(self, "evaluate", x, kwargs.get("steps"))
+        return hooks.evaluate(evaluate_, self, x, *args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        if hooks.active(self):
+            hooks.check_batches(self, "fit", x, kwargs.get("steps_per_epoch"))
+        return fit_(self, x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        if hooks.active(self):
+            hooks.check_batches(self, "predict", x, kwargs.get("steps"))
+        return predict_(self, x, *args, **kwargs)
 
     def _add_horovod_callbacks(self, callbacks):
         callbacks = add_callbacks(self, callbacks)
         return hooks.fit_callbacks(self, callbacks) if hooks.active(self) else callbacks
 
     model_cls.compile, model_cls.evaluate = compile, evaluate
+    model_cls.fit, model_cls.predict = fit, predict
     model_cls._add_horovod_callbacks = _add_horovod_callbacks  # pylint: disable=protected-access
     for cls in [c for c in vars(merlin_base).values()
                 if isinstance(c, type) and issubclass(c, model_cls) and "save" in c.__dict__]:
@@ -153,6 +168,33 @@ def install_output_hooks(accepts, tie) -> None:
             continue
         cls.__init__ = _translating_init(cls, cls.__init__, accepts, tie)
         setattr(cls, _MARK, True)
+
+
+def install_top_k_encoder_hook(top_k_layer) -> None:
+    """Lets ``RetrievalModelV2.to_top_k_encoder()`` (no candidate dataset) work when the
+    model's output is tied to a table no rank holds whole (idempotent): where
+    ``top_k_layer(output, k)`` gives a Merlin ``TopKLayer`` (else None: Merlin's own path,
+    which reads the output's whole table), the encoder scores that layer instead."""
+    ensure_supported()
+    from merlin.models.tf.core.encoder import TopKEncoder
+    from merlin.models.tf.models.base import RetrievalModelV2
+    from merlin.schema import Tags
+
+    if RetrievalModelV2.__dict__.get(_MARK, False):
+        return
+    original = RetrievalModelV2.to_top_k_encoder
+
+    @functools.wraps(original)
+    def to_top_k_encoder(self, candidates=None, candidate_id=Tags.ITEM_ID,
+                         strategy="brute-force-topk", k=10, **kwargs):
+        layer = top_k_layer(self.last, k) if candidates is None else None
+        if layer is None:
+            return original(self, candidates, candidate_id, strategy, k, **kwargs)
+        target = self.encoder._schema.select_by_tag(candidate_id).first.name
+        return TopKEncoder(self.query_encoder, topk_layer=layer, k=k, target=target)
+
+    RetrievalModelV2.to_top_k_encoder = to_top_k_encoder
+    setattr(RetrievalModelV2, _MARK, True)
 
 
 def _translating_init(cls, original, accepts, tie):

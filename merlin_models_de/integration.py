@@ -30,6 +30,7 @@ from merlin_models_de import comm, compat
 from merlin_models_de.export import save_single_process
 from merlin_models_de.handles import TableHandle
 from merlin_models_de.outputs import tie_to_handle
+from merlin_models_de.topk import sharded_top_k_layer
 from merlin_models_de.variables import embedding_blocks, is_local, local_slot_refs
 
 
@@ -86,6 +87,23 @@ def sync_metric_results(model, results):
     return synced.get(model.metrics_names[0], results)
 
 
+def batch_count(data):
+    """Batches ``data`` gives per epoch where that is known without reading it (a Merlin
+    ``Loader``, a Keras ``Sequence``, a ``tf.data.Dataset`` of known cardinality), else
+    None."""
+    import merlin.models.tf as mm
+
+    if isinstance(data, tf.data.Dataset):
+        count = int(data.cardinality())
+        return count if count >= 0 else None
+    if isinstance(data, (mm.Loader, tf.keras.utils.Sequence)):
+        try:
+            return len(data)
+        except TypeError:  # over data of unknown length
+            return None
+    return None
+
+
 class MerlinHooks:
     """What changes in Merlin's ``BaseModel`` for models with the block on several ranks."""
 
@@ -100,6 +118,25 @@ class MerlinHooks:
             optimizer = compat.distributed_optimizer(
                 scaled_optimizer(optimizer, comm.size()), is_local)
         return original(model, optimizer, *args, **kwargs)
+
+    @staticmethod
+    def check_batches(model, method, data, steps):
+        """Raises on every rank when the ranks would run different numbers of steps: each
+        step exchanges embeddings across ranks, so a rank that ran out of batches would
+        leave the others waiting in a collective. Unknown counts are not checked."""
+        del model
+        count = steps if steps is not None else batch_count(data)
+        counts = comm.allgather_object(-1 if count is None else int(count),
+                                       name=f"mmde_{method}_batches")
+        known = [c for c in counts if c >= 0]
+        if len(known) == len(counts) and len(set(known)) > 1:
+            given = "steps_per_epoch" if method == "fit" else "steps"
+            raise ValueError(
+                f"{method}: every rank must run the same number of batches (each step "
+                f"exchanges embeddings across ranks). Batches per rank: "
+                f"{dict(enumerate(counts))}. Give every rank the same number of equal "
+                f"batches (a multiple of {len(counts)} partitions of equal size, "
+                f"mm.Loader(..., drop_last=True)), or pass {given}={min(known)}.")
 
     @staticmethod
     def evaluate(original, model, *args, **kwargs):
@@ -122,3 +159,4 @@ def install() -> None:
     compat.install_merlin_hooks(MerlinHooks)
     compat.install_output_hooks(lambda to_call: isinstance(to_call, TableHandle),
                                 tie_to_handle)
+    compat.install_top_k_encoder_hook(sharded_top_k_layer)

@@ -21,6 +21,7 @@ from merlin_models_de import regularization as reg
 from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.registry import create, resolve
+from merlin_models_de.planner import placed_like
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
 from merlin_models_de.handles import TableAccessMixin, remember_block
@@ -244,6 +245,18 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
 
     # ---- plan and weights --------------------------------------------------------------------
 
+    def place_like(self, plan, table: str) -> None:
+        """Lays this block's one table out as ``table`` is in ``plan`` (same ranks, same row
+        ranges; see :func:`merlin_models_de.planner.placed_like`). Before build, on every
+        rank: a per-row companion (a tied output's item bias) then sits with its rows."""
+        if self.built or len(self.tables) != 1:
+            raise ValueError(f"place_like needs an unbuilt block with one table; block "
+                             f"'{self.name}' has tables {[t.name for t in self.tables]}"
+                             f"{' and is built' if self.built else ''}.")
+        self.plan = placed_like(plan, table, self.tables[0])
+        self.backend = create(self.backend_name, self.plan, self.features, self.rank,
+                              validate_ids=self.validate_ids)
+
     def summary(self, optimizer: str = "sgd") -> str:
         """The placement summary, with the backend that runs it."""
         return f"backend={self.backend_name}\n" + self.plan.summary(optimizer=optimizer)
@@ -295,6 +308,8 @@ def _serialize(init, module=tf.keras.initializers):
     """Initializers / regularizers (or dicts of them) -> configs; ``get`` reads them back."""
     if init is None or isinstance(init, str):
         return init
+    if hasattr(init, "items") and "class_name" in init:  # already a config (from_config)
+        return _plain(init)
     if hasattr(init, "items"):
         return {k: _serialize(v, module) for k, v in init.items()}
     return module.serialize(module.get(init))

@@ -33,7 +33,8 @@ Where the table is sharded (table-wise on one rank, or row-sliced), no rank can 
   each rank its own examples' full logits (:func:`merlin_models_de.vocab_parallel.sharded_logits`:
   every rank scores the global batch against its rows; memory ``B_local x catalog``, what
   ``predict`` returns).
-- Not yet on a sharded table: an output bias.
+- ``use_bias=True`` (this package's ``CategoricalOutput``): one bias per item, sharded like
+  the table (:mod:`merlin_models_de.output_bias`), in the loss, top-k and logits.
 
 A saved model names the table in the output's config; loading binds it to the table of the
 most recently constructed block that has one of that name (the loaded model's own block,
@@ -54,6 +55,7 @@ from merlin.schema import Schema
 
 from merlin_models_de import comm
 from merlin_models_de.handles import TableHandle, latest_table
+from merlin_models_de.output_bias import bias_rows, bias_table_name, item_bias_block
 from merlin_models_de.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_logits,
                                              sharded_softmax_cross_entropy, sharded_top_k)
 
@@ -171,13 +173,14 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         vocab_parallel: None: when the table is sharded. True forces the vocab-parallel loss
             (also in one process, where it equals the full softmax); False never.
         chunk_rows: table rows scored at a time by the vocab-parallel loss.
-        use_bias, bias_initializer: a bias per item, as Merlin's (not on a sharded table yet).
+        use_bias, bias_initializer: a bias per item, as Merlin's; sharded like the table
+            (:mod:`merlin_models_de.output_bias`).
         logits_temperature: divides the logits (vocab-parallel path; the whole-table path
             leaves it to Merlin's output).
         top_k: cutoffs of the top-k metrics (recall, MRR, NDCG, MAP, precision) the
             vocab-parallel path adds in ``evaluate`` (Merlin's default: 10); () for none.
 
-    Owns no variables but the bias: the table belongs to its block.
+    Owns no variables: the table belongs to its block, the bias to a block of its own.
     """
 
     def __init__(self, table, target: str | None = None, vocab_parallel=None,
@@ -198,16 +201,25 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         self.top_k = tuple(int(k) for k in (top_k or ()))
         if self.vocab_parallel:
             table.check_whole_rows()  # at construction, the same on every rank
-            if use_bias:
-                raise ValueError(f"An output bias is not supported on the sharded table "
-                                 f"'{table.name}' yet. Received: use_bias=True")
+        # the bias lies with the table's rows, in a block of its own (see output_bias.py)
+        self.bias_block = item_bias_block(table, bias_initializer) if use_bias else None
 
     def build(self, input_shape=None):
-        if self.use_bias:
-            self.bias = self.add_weight(name="output_layer_bias", shape=(self.num_classes,),
-                                        initializer=self.bias_initializer)
         self.table.build(input_shape)
+        if self.bias_block is not None:
+            self.bias_block.build({})
         super().build(input_shape)
+
+    def _bias_rows(self):
+        """This rank's ``[R_local]`` bias (None without a bias)."""
+        return bias_rows(self.bias_block)[0] if self.bias_block is not None else None
+
+    @property
+    def bias(self):
+        """The whole ``[catalog]`` bias where one rank holds it (as Merlin's attribute)."""
+        if self.table.sharded:
+            return _ShardedRows(self.bias_block[bias_table_name(self.table.name)])
+        return self._bias_rows()
 
     @property
     def embeddings(self):
@@ -229,9 +241,10 @@ class TiedTablePrediction(tf.keras.layers.Layer):
             self.table.check_whole_rows()
             rows, offset = self.table.local_rows()
             return sharded_logits(inputs, rows, offset, self.num_classes,
+                                  bias_rows=self._bias_rows(),
                                   name=f"mmde_tied_{self.table.name}_logits")
         logits = tf.matmul(inputs, self.embeddings, transpose_b=True)
-        return tf.nn.bias_add(logits, self.bias) if self.use_bias else logits
+        return tf.nn.bias_add(logits, self._bias_rows()) if self.use_bias else logits
 
     def call(self, inputs, targets=None, training=False, testing=False, **kwargs):
         if not (self.vocab_parallel and (training or testing)):
@@ -250,8 +263,8 @@ class TiedTablePrediction(tf.keras.layers.Layer):
             hidden = hidden / self.logits_temperature
         rows, offset = self.table.local_rows()
         losses = sharded_softmax_cross_entropy(
-            hidden, targets, rows, offset, self.num_classes, chunk_rows=self.chunk_rows,
-            name=f"mmde_tied_{name}")
+            hidden, targets, rows, offset, self.num_classes, bias_rows=self._bias_rows(),
+            chunk_rows=self.chunk_rows, name=f"mmde_tied_{name}")
         if training:
             losses = _global_mean_share(losses, f"mmde_tied_{name}_count")
         elif self.top_k:
@@ -262,7 +275,8 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         """Merlin's default top-k metrics (at each cutoff of ``top_k``) of this batch, from
         the target's rank in a vocab-parallel top-k (every rank scores its rows)."""
         k = min(max(self.top_k), self.num_classes)
-        _, ids = sharded_top_k(hidden, k, rows, offset, chunk_rows=self.chunk_rows,
+        _, ids = sharded_top_k(hidden, k, rows, offset, bias_rows=self._bias_rows(),
+                               chunk_rows=self.chunk_rows,
                                num_rows=self.num_classes, name=f"mmde_tied_{self.table.name}_k")
         hits = tf.equal(ids, tf.cast(tf.reshape(targets, [-1, 1]), tf.int64))
         ranks = tf.where(tf.reduce_any(hits, axis=1),
@@ -284,7 +298,8 @@ class TiedTablePrediction(tf.keras.layers.Layer):
 
 
 def tie_to_handle(output_cls, to_call, kwargs: dict, vocab_parallel=None,
-                  chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,)):
+                  chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,), use_bias=False,
+                  bias_initializer="zeros"):
     """Arguments of Merlin's ``output_cls(to_call=handle, **kwargs)`` for a table handle:
     ``(TiedTablePrediction, kwargs)`` with the target (default: the table's first feature,
     as Merlin's), the contrastive output's schema, and the sharded table's defaults."""
@@ -295,7 +310,8 @@ def tie_to_handle(output_cls, to_call, kwargs: dict, vocab_parallel=None,
     if issubclass(output_cls, mm.ContrastiveOutput):
         kwargs.setdefault("schema", Schema([to_call.col_schema]))
         return TiedTablePrediction(to_call, target, vocab_parallel=False), kwargs
-    tied = TiedTablePrediction(to_call, target, vocab_parallel, chunk_rows, top_k=top_k)
+    tied = TiedTablePrediction(to_call, target, vocab_parallel, chunk_rows, top_k=top_k,
+                               use_bias=use_bias, bias_initializer=bias_initializer)
     if tied.vocab_parallel:
         tied.logits_temperature = kwargs.pop("logits_temperature", 1.0)
         kwargs.setdefault("default_loss", TiedSoftmaxLoss())
@@ -314,15 +330,23 @@ class CategoricalOutput(mm.CategoricalOutput):
             loss (also in one process, where it equals the full softmax); False never.
         chunk_rows: table rows scored at a time by the vocab-parallel loss.
         top_k: cutoffs of the top-k metrics the vocab-parallel path reports in ``evaluate``.
+        use_bias, bias_initializer: a bias per item (Merlin's ``EmbeddingTablePrediction``
+            options), sharded like the table.
         **kwargs: ``mm.CategoricalOutput``'s arguments (``target`` names the target column;
             the default is the first feature reading the table).
     """
 
     def __init__(self, to_call, vocab_parallel=None, chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,),
-                 **kwargs):
+                 use_bias=False, bias_initializer="zeros", **kwargs):
         if isinstance(to_call, TableHandle):
             to_call, kwargs = tie_to_handle(mm.CategoricalOutput, to_call, kwargs,
-                                            vocab_parallel, chunk_rows, top_k)
+                                            vocab_parallel, chunk_rows, top_k, use_bias,
+                                            bias_initializer)
+        elif use_bias:
+            raise ValueError("use_bias=True needs to_call=block[<table>] of a "
+                             "DistributedEmbeddings block (Merlin's own tables take "
+                             "EmbeddingTablePrediction(table, use_bias=True)). Received: "
+                             f"to_call={type(to_call).__name__}")
         super().__init__(to_call=to_call, **kwargs)
 
 

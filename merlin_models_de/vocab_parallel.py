@@ -443,9 +443,11 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
 # ---- full logits (predict) ---------------------------------------------------------------------
 
 
-def sharded_logits(hidden, table_rows, row_offset, num_rows=None, name="mmde_vocab_logits"):
+def sharded_logits(hidden, table_rows, row_offset, num_rows=None, bias_rows=None,
+                   name="mmde_vocab_logits"):
     """Full logits ``[B_local, catalog]`` of this rank's hidden states over a row-sharded
-    catalog: what ``predict`` returns, equal to ``hidden @ W^T`` of one process.
+    catalog: what ``predict`` returns, equal to ``hidden @ W^T (+ b)`` of one process
+    (``bias_rows``: this rank's ``[R_local]`` bias, as in :func:`sharded_softmax_cross_entropy`).
 
     Every rank scores the global batch against its own rows; each example's scores go to
     its owner (one all-to-all of ``[B_global, R_max]``), which puts the columns in item order.
@@ -455,12 +457,15 @@ def sharded_logits(hidden, table_rows, row_offset, num_rows=None, name="mmde_voc
     where = f"sharded_logits '{name}'"
     hidden = tf.stop_gradient(tf.convert_to_tensor(hidden))
     table = tf.stop_gradient(tf.convert_to_tensor(table_rows))
-    _static_checks(where, hidden, table, None, DEFAULT_CHUNK_ROWS)
-    h, _, sizes, catalog, header = _gather_inputs(where, name, hidden, None, table, None,
+    bias = tf.stop_gradient(tf.convert_to_tensor(bias_rows)) if bias_rows is not None else None
+    _static_checks(where, hidden, table, bias, DEFAULT_CHUNK_ROWS)
+    h, _, sizes, catalog, header = _gather_inputs(where, name, hidden, None, table, bias,
                                                   row_offset, num_rows)
     offsets, rows = header[:, _OFFSET], header[:, _ROWS]
     width = tf.reduce_max(rows)
     local = tf.matmul(h, table, transpose_b=True)  # [B_global, R_r]
+    if bias is not None:
+        local += bias
     local = tf.pad(local, [[0, 0], [0, width - tf.shape(local, out_type=tf.int64)[1]]])
     received = _to_owners(comm.after(local, h), sizes, f"{name}_scores")  # [N * B_local, R_max]
     n = tf.shape(header, out_type=tf.int64)[0]

@@ -17,7 +17,7 @@ from merlin_models_de.planner.types import (MODEL_PARALLEL, OPTIMIZER_SLOTS, Sha
                                             ShardingPlan, ShardingType, optimizer_slots)
 from merlin_models_de.tables import TableSpec
 
-__all__ = ["plan", "MODEL_PARALLEL", "validate_options", "Shard", "ShardingPlan", "ShardingType", "STRATEGIES",
+__all__ = ["plan", "placed_like", "MODEL_PARALLEL", "validate_options", "Shard", "ShardingPlan", "ShardingType", "STRATEGIES",
            "OPTIMIZER_SLOTS", "optimizer_slots"]
 
 
@@ -120,3 +120,30 @@ def plan(tables: Sequence[TableSpec], world_size: int, strategy: str = "basic", 
                ("data_parallel_threshold", data_parallel_threshold),
                ("row_slice_threshold", row_slice_threshold))
     return ShardingPlan(world_size, strategy, tables, tuple(shards), options)
+
+
+def placed_like(plan_: ShardingPlan, table: str, companion: TableSpec) -> ShardingPlan:
+    """A plan holding only ``companion`` (as many rows as ``table``), laid out exactly as
+    ``table`` is in ``plan_``: the same kind, ranks and row ranges, all of its columns.
+
+    For per-row companions of a table (a tied output's bias per item): each rank then holds
+    the companion rows of exactly the table rows it holds. Column slices have no such layout.
+
+    Example:
+        >>> from merlin_models_de.tables import TableSpec, FeatureSpec
+        >>> item = TableSpec("item", 10, 8, (FeatureSpec("item", "item"),))
+        >>> bias = TableSpec("bias", 10, 1, (FeatureSpec("bias", "bias"),))
+        >>> p = placed_like(plan([item], 2, row_slice_threshold=1), "item", bias)
+        >>> [(s.rank, s.row_start, s.rows, s.cols) for s in p.shards]
+        [(0, 0, 5, 1), (1, 5, 5, 1)]
+    """
+    spec = plan_.table(table)
+    if companion.rows != spec.rows:
+        raise ValueError(f"Table '{companion.name}' must have the {spec.rows} rows of table "
+                         f"'{table}' to be placed like it. Received: rows={companion.rows}")
+    if plan_.kind_of(table) is ShardingType.COLUMN_WISE:
+        raise ValueError(f"Table '{table}' is column-sliced; a per-row companion "
+                         f"('{companion.name}') cannot be placed like it.")
+    shards = tuple(Shard(companion.name, s.rank, s.kind, s.row_start, s.rows, 0, companion.dim)
+                   for s in plan_.shards if s.table == table)
+    return ShardingPlan(plan_.world_size, plan_.strategy, (companion,), shards, plan_.options)

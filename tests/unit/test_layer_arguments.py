@@ -190,3 +190,26 @@ def test_block_name_and_unsupported_arguments():
                        ("mask_zero", True)]:
         with pytest.raises(NotImplementedError, match=rf"does not support {key} .*Received: {key}="):
             DistributedEmbeddings(schema(), dim=4, **{key: value})
+
+
+@pytest.mark.parametrize("initializer", [
+    tf.keras.initializers.RandomUniform(-0.1, 0.1),
+    {"a": tf.keras.initializers.Constant(0.5), "b": "zeros"}], ids=["one", "by_table"])
+def test_an_initializer_object_survives_two_config_round_trips(initializer):
+    """from_config gets the serialized initializer; saving that copy again (an exported or
+    reloaded model saved once more) keeps it, and it initializes the same tables."""
+    schema = Schema([cat("a", 9), cat("b", 9)])
+    block = DistributedEmbeddings(schema, dim=3, embeddings_initializer=initializer)
+    again = DistributedEmbeddings.from_config(
+        DistributedEmbeddings.from_config(block.get_config()).get_config())
+    assert again.get_config()["embeddings_initializer"] == \
+        block.get_config()["embeddings_initializer"]
+    for b in (block, again):
+        b._ensure_built()
+    for name, table in again.get_global_weights().items():
+        if name == "a" and isinstance(initializer, dict):
+            np.testing.assert_array_equal(table, np.full((10, 3), 0.5, np.float32))
+        elif isinstance(initializer, dict):
+            np.testing.assert_array_equal(table, np.zeros((10, 3), np.float32))
+        else:
+            assert np.abs(table).max() <= 0.1 and np.abs(table).max() > 0

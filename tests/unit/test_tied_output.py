@@ -19,7 +19,7 @@ def pair(spec):
     data = tr.make_data(BATCH * STEPS, seed=5)
     x, y = tr.split_xy(data)
     first = {k: tf.constant(v[:2]) for k, v in x.items()}
-    merlin, merlin_block = tr.build_model({"block": "mm"})
+    merlin, merlin_block = tr.build_model({"block": "mm", "bias": spec.get("bias")})
     merlin(first)
     ours, block = tr.build_model(dict(spec, block="de"))
     ours(first)
@@ -56,6 +56,31 @@ def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer, eager)
     for name in ("loss",) + TOP_K_METRICS:  # the vocab-parallel top-k metrics equal Merlin's
         assert evaluation[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
     assert expected["recall_at_10"] > 0  # the comparison means something
+
+
+@pytest.mark.parametrize("vocab_parallel", [None, True], ids=["logits", "vocab_parallel"])
+def test_an_output_bias_trains_as_merlins(vocab_parallel):
+    """``use_bias=True`` against Merlin's ``EmbeddingTablePrediction(use_bias=True)``:
+    the same logits, per-step losses, tables, bias and top-k metrics."""
+    spec = {"vocab_parallel": vocab_parallel, "chunk_rows": 7, "optimizer": "adagrad",
+            "bias": True}
+    (merlin, merlin_block), (ours, block), x, y = pair(spec)
+    np.testing.assert_allclose(ours.predict(x, batch_size=BATCH, verbose=0),
+                               merlin.predict(x, batch_size=BATCH, verbose=0), rtol=1e-6,
+                               atol=1e-6)
+    want = tr.train(merlin, x, y, BATCH, spec, 0.5)
+    got = tr.train(ours, x, y, BATCH, spec, 0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    want_weights, got_weights = tr.snapshot(merlin, merlin_block), tr.snapshot(ours, block)
+    assert sorted(got_weights) == sorted(want_weights)
+    for key, value in want_weights.items():
+        np.testing.assert_allclose(got_weights[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    initial = tr.snapshot(*pair(spec)[1])["table/item_output_bias"]
+    assert not np.allclose(got_weights["table/item_output_bias"], initial)  # the bias trained
+    evaluation = ours.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    expected = merlin.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    for name in ("loss",) + TOP_K_METRICS:
+        assert evaluation[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
 
 
 def test_vocab_parallel_needs_its_target():

@@ -119,3 +119,27 @@ def test_a_table_too_big_for_any_rank_is_refused_on_every_rank_before_allocation
                                           r"rows=1099511627776 dim=16"):
         block({"user": tf.constant([1, 2]), "item": tf.constant([3, 4])})
     still_in_step()
+
+
+def test_ranks_with_different_numbers_of_batches_fail_fit_evaluate_predict_together(hvd):
+    """A rank that ran out of batches would leave the others in the step's exchange; each
+    call checks the counts first and raises on every rank, naming them."""
+    from tests.unit.horovod import tied_reference as tr
+
+    model, _ = tr.build_model({"block": "de", "row": 300})
+    model.compile(optimizer="sgd")
+    rows = 24 if comm.rank() == 0 else 16
+    x, y = tr.split_xy(tr.make_data(rows, seed=comm.rank()))
+    data = tr.dataset(x, y, 8)  # 3 batches on rank 0, 2 on rank 1
+    counts = r"Batches per rank: \{0: 3, 1: 2\}"
+    with pytest.raises(ValueError, match=rf"fit: every rank must run the same number of "
+                                         rf"batches.*{counts}.*pass steps_per_epoch=2"):
+        model.fit(data, verbose=0)
+    for method in ("evaluate", "predict"):
+        with pytest.raises(ValueError, match=rf"{method}: every rank.*{counts}.*steps=2"):
+            getattr(model, method)(data, verbose=0)
+    still_in_step()
+    history = model.fit(data, steps_per_epoch=2, verbose=0)  # what the error suggests
+    assert len(history.history["loss"]) == 1
+    assert model.predict(data, steps=2, verbose=0).shape == (16, tr.ITEMS)
+    still_in_step()

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.planner.types import ShardingType
+from merlin_models_de.variables import embedding_blocks
 from tests.unit.horovod import tied_reference as tr
 from tests.unit.horovod.test_fit import reference as fit_reference
 
@@ -28,16 +29,18 @@ def reference(spec, data, tmp):
 LAYOUTS = {"table_wise": dict(strategy="basic"), "row_sliced": dict(strategy="basic", row=300)}
 
 
-@pytest.mark.parametrize("layout, optimizer, eager, plain", [
-    ("table_wise", "sgd", False, False), ("row_sliced", "adagrad", False, False),
-    ("row_sliced", "sgd", True, False), ("table_wise", "adagrad", True, False),
-    ("row_sliced", "adagrad", False, True), ("table_wise", "sgd", True, True)])
+@pytest.mark.parametrize("layout, optimizer, eager, plain, bias", [
+    ("table_wise", "sgd", False, False, False), ("row_sliced", "adagrad", False, False, False),
+    ("row_sliced", "sgd", True, False, False), ("table_wise", "adagrad", True, False, False),
+    ("row_sliced", "adagrad", False, True, False), ("table_wise", "sgd", True, True, False),
+    ("row_sliced", "adagrad", False, False, True), ("table_wise", "sgd", True, False, True)])
 def test_fit_with_a_sharded_tied_output_equals_one_process(hvd, tmp_path_factory, layout,
-                                                           optimizer, eager, plain):
-    """``plain``: Merlin's own ``mm.CategoricalOutput(to_call=block["item"])``."""
+                                                           optimizer, eager, plain, bias):
+    """``plain``: Merlin's own ``mm.CategoricalOutput(to_call=block["item"])``; ``bias``: a
+    bias per item, sharded like the table (its own block, ``item_output_bias``)."""
     n, r = comm.size(), comm.rank()
     spec = dict(LAYOUTS[layout], optimizer=optimizer, eager=eager, lr=0.3, world_size=n,
-                per_rank=PER_RANK, chunk_rows=16, plain=plain)
+                per_rank=PER_RANK, chunk_rows=16, plain=plain, bias=bias)
     data = comm.broadcast_object(tr.make_data(n * PER_RANK * STEPS, seed=7))
     ref = reference(spec, data, str(tmp_path_factory.mktemp("tied")))
 
@@ -57,6 +60,12 @@ def test_fit_with_a_sharded_tied_output_equals_one_process(hvd, tmp_path_factory
     for key, value in final.items():
         np.testing.assert_allclose(value, ref[f"final/{key}"], rtol=1e-4, atol=1e-6, err_msg=key)
     assert not np.allclose(final["table/item"], ref["initial/table/item"])  # it trained
+    if bias:
+        bias_block = next(b for b in embedding_blocks(model) if b is not block)
+        assert [(s.rank, s.row_start, s.rows) for s in bias_block.plan.shards] == \
+            [(s.rank, s.row_start, s.rows) for s in block.plan.shards_of("item")]
+        assert not np.allclose(final["table/item_output_bias"],
+                               ref["initial/table/item_output_bias"])
 
     # evaluate from exactly the reference's trained weights: the trained ones agree to
     # ~1e-5, which can swap two items of nearly equal score in a ranking
@@ -76,6 +85,14 @@ def test_fit_with_a_sharded_tied_output_equals_one_process(hvd, tmp_path_factory
     predictions = model.predict(tr.dataset(x, y, PER_RANK), verbose=0)
     assert predictions.shape == (len(y), tr.ITEMS)
     np.testing.assert_allclose(predictions, ref["predictions"][rows], rtol=1e-5, atol=1e-5)
+    # top-k prediction (ShardedTopK: per-rank top-k merged across ranks) and its metrics
+    top_k = tr.top_k_outputs(model, x, y, PER_RANK)
+    np.testing.assert_array_equal(top_k["top_k/ids"], ref["top_k/ids"][rows])
+    np.testing.assert_allclose(top_k["top_k/scores"], ref["top_k/scores"][rows], rtol=1e-5,
+                               atol=1e-6)
+    for name in ("recall_at_10", "mrr_at_10", "ndcg_at_10"):
+        assert top_k[f"top_k/{name}"] == pytest.approx(float(ref[f"top_k/{name}"]),
+                                                       rel=1e-5), name
 
 
 def test_a_target_outside_the_catalog_on_one_rank_fails_every_rank(hvd):
@@ -141,25 +158,37 @@ def test_contrastive_with_global_in_batch_negatives_equals_one_process(
     assert not np.allclose(local, ref["losses"], rtol=1e-3)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 def test_a_saved_model_with_the_sharded_tied_output_reloads_and_scores_the_same(
-        hvd, tmp_path_factory):
+        hvd, tmp_path_factory, bias):
     """model.save on every rank (rank 0 writes the single-process SavedModel), then
     load_model on every rank: the loaded output is tied to the loaded block's (sharded)
-    table and predicts what the trained model predicts."""
-    from merlin_models_de.variables import embedding_blocks
+    table and predicts what the trained model predicts. With an output bias, also a sharded
+    checkpoint restored into a model placed differently (the table and its bias whole on
+    one rank) predicts the same."""
+    from merlin_models_de.checkpoint import restore_checkpoint, save_checkpoint
     from tests.unit.horovod.test_checkpoint import shared_dir
 
     n, r = comm.size(), comm.rank()
     spec = dict(LAYOUTS["row_sliced"], optimizer="adagrad", lr=0.3)
-    model, block = tr.build_model(dict(spec, block="de", plain=True))
+    model, block = tr.build_model(dict(spec, block="de", plain=not bias, bias=bias))
     data = comm.broadcast_object(tr.make_data(n * PER_RANK * 2, seed=13))
     x, y = tr.split_xy(data, tr.rank_rows(n * PER_RANK * 2, PER_RANK, n, r))
     tr.train(model, x, y, PER_RANK, spec, spec["lr"])
     want = model.predict(tr.dataset(x, y, PER_RANK), verbose=0)
     path = shared_dir(tmp_path_factory, "saved") + "/model"
     model.save(path)
+    if bias:
+        checkpoints = shared_dir(tmp_path_factory, "checkpoints")
+        save_checkpoint(model, checkpoints)
+        other, _ = tr.build_model(dict(LAYOUTS["table_wise"], block="de", bias=True))
+        other({k: tf.constant(v[:2]) for k, v in x.items()})
+        restore_checkpoint(other, checkpoints)
+        np.testing.assert_allclose(other.predict(tr.dataset(x, y, PER_RANK), verbose=0), want,
+                                   rtol=1e-5, atol=1e-6)
     loaded = tf.keras.models.load_model(path)
-    (loaded_block,) = embedding_blocks(loaded)
+    loaded_block, *bias_blocks = embedding_blocks(loaded)
+    assert len(bias_blocks) == int(bias)
     assert loaded_block is not block and loaded_block["item"].sharded
     (output,) = loaded.model_outputs
     assert output.to_call.table.block is loaded_block

@@ -49,7 +49,13 @@ def build_model(spec):
     tf.keras.utils.set_random_seed(1)
     if spec.get("block") == "mm":
         block = mm.Embeddings(s, dim=DIM)
-        output = mm.CategoricalOutput(to_call=block["item"], target=TARGET)
+        to_call = block["item"]
+        if spec.get("bias"):
+            from merlin.models.tf.outputs.classification import EmbeddingTablePrediction
+
+            to_call = EmbeddingTablePrediction(to_call, use_bias=True,
+                                               bias_initializer="uniform")
+        output = mm.CategoricalOutput(to_call=to_call, target=TARGET)
     else:
         block = mm.DistributedEmbeddings(s, dim=DIM, strategy=spec.get("strategy", "basic"),
                                          row_slice_threshold=spec.get("row"), backend="horovod")
@@ -64,7 +70,9 @@ def build_model(spec):
         else:
             output = CategoricalOutput(to_call=block["item"], target=TARGET,
                                        vocab_parallel=spec.get("vocab_parallel"),
-                                       chunk_rows=spec.get("chunk_rows", 16))
+                                       chunk_rows=spec.get("chunk_rows", 16),
+                                       use_bias=spec.get("bias", False),
+                                       bias_initializer="uniform")
     model = mm.Model(mm.InputBlockV2(s, categorical=block), dense_layer(), output)
     return model, block
 
@@ -103,16 +111,29 @@ def set_tables(block, arrays):
             table.table.embeddings.assign(arrays[name])
 
 
+def _blocks(model, block):
+    """The item table's block, and the output's bias block where there is one."""
+    from merlin_models_de.variables import embedding_blocks
+
+    return embedding_blocks(model) if hasattr(block, "get_global_weights") else [block]
+
+
 def snapshot(model, block):
-    out = {f"table/{k}": v for k, v in tables_of(block).items()}
+    out = {f"table/{k}": v for b in _blocks(model, block) for k, v in tables_of(b).items()}
+    merlin_bias = [w for w in model.weights if "output_layer_bias" in w.name]
+    if merlin_bias:  # Merlin's EmbeddingTablePrediction: in the layout of this package's
+        out["table/item_output_bias"] = merlin_bias[0].numpy().reshape(-1, 1)
     out.update({f"dense/{i}": w for i, w in enumerate(model.get_layer("to_item_space")
                                                       .get_weights())})
     return out
 
 
 def restore(model, block, weights, prefix):
-    set_tables(block, {k.split("/", 2)[2]: v for k, v in weights.items()
-                       if k.startswith(f"{prefix}/table/")})
+    for b in _blocks(model, block):
+        names = {t.name for t in b.tables} if hasattr(b, "tables") else None
+        set_tables(b, {k.split("/", 2)[2]: v for k, v in weights.items()
+                       if k.startswith(f"{prefix}/table/")
+                       and (names is None or k.split("/", 2)[2] in names)})
     layer = model.get_layer("to_item_space")
     layer.set_weights([weights[f"{prefix}/dense/{i}"] for i in range(len(layer.weights))])
 
@@ -153,6 +174,19 @@ def exact_top_k_metrics(logits, targets, k=10):
             "exact/precision_at_10": (hit / k).mean()}
 
 
+def top_k_outputs(model, x, y, batch, k=10):
+    """``top_k/scores``, ``top_k/ids`` and ``top_k/<metric>`` of
+    :func:`merlin_models_de.topk.top_k_model` (collective on a sharded table)."""
+    from merlin_models_de.topk import top_k_model
+
+    topk = top_k_model(model, k=k)
+    scores, ids = topk.predict(dataset(x, y, batch), verbose=0)
+    topk.compile()
+    metrics = topk.evaluate(dataset(x, y, batch), verbose=0, return_dict=True)
+    return {"top_k/scores": scores, "top_k/ids": ids,
+            **{f"top_k/{name}": value for name, value in metrics.items()}}
+
+
 def main(src, dst):
     data = dict(np.load(src, allow_pickle=True))
     spec = json.loads(str(data.pop("spec")))
@@ -167,9 +201,11 @@ def main(src, dst):
                                 return_dict=True)
     logits = model.predict(dataset(x, y, spec["per_rank"] * n), verbose=0)
     evaluation.update(exact_top_k_metrics(logits, y.reshape(-1)))
+    top_k = top_k_outputs(model, x, y, spec["per_rank"] * n)
     out = {f"initial/{k}": v for k, v in initial.items()}
     out.update({f"final/{k}": v for k, v in snapshot(model, block).items()})
     np.savez(dst, losses=np.array(losses), evaluation_loss=evaluation["loss"], predictions=logits,
+             **top_k,
              evaluation=json.dumps({k: float(v) for k, v in evaluation.items()}), **out)
 
 
