@@ -7,6 +7,7 @@
 - ``next_item``: train a next-item session model, the item table sharded
   (``merlin-models-de-next-item``); ``next_item_run`` its run, ``next_item_data`` its
   synthetic sessions, ``bench_next_item`` its benchmark rows.
+- ``cli``: what the training commands share for their options (one-line errors, exit 2).
 - ``synthetic``: deterministic per-rank synthetic data shaped like a Merlin schema.
 - ``defaults``: values the applications share (learning rates, optimizers).
 """

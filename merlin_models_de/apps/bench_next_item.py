@@ -7,7 +7,10 @@ sessions and the same global batches:
 - ``data-parallel``: N ranks, ``mm.Embeddings`` (every rank holds the table and computes the
   full ``[B, catalog]`` softmax; the table's gradient is allreduced every step);
 - ``sharded``: N ranks, ``DistributedEmbeddings`` with the item table row-sliced, the softmax
-  vocab-parallel.
+  vocab-parallel;
+- ``sharded, sampled (global in-batch)`` (``--skip sampled`` leaves it out): the same table
+  trained with ``mm.ContrastiveOutput`` and every rank's in-batch positives as negatives;
+  its recall@10 is still the full catalog's (a twin with the softmax output evaluates).
 
 Speed is global samples/s over every epoch's steps after its first (which traces the step),
 with ratios to ``single`` and ``data-parallel``; memory is each rank's embedding bytes and
@@ -28,7 +31,8 @@ from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.tables import human_bytes
 
-RUNS = ("single", "data-parallel", "sharded")
+SAMPLED = "sharded, sampled (global in-batch)"
+RUNS = ("single", "data-parallel", "sharded", SAMPLED)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--encoder", default="gru")
-    ap.add_argument("--skip", default="", help="comma list of runs to leave out")
+    ap.add_argument("--skip", default="", help="comma list of runs to leave out ("
+                    "single, data-parallel, sharded, sampled)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     ap.add_argument("--out", default="bench")
     return ap
@@ -63,9 +68,16 @@ def _runs(args) -> list[dict]:
                          "--learning-rate", str(lr * n)]},
         {"name": "data-parallel", "ranks": n, "args": dist + ["--embeddings", "merlin"]},
         {"name": "sharded", "ranks": n, "args": dist + ["--embeddings", "distributed"]},
+        {"name": SAMPLED, "ranks": n,
+         "args": dist + ["--embeddings", "distributed", "--loss", "sampled"]},
     ]
     skip = set(filter(None, args.skip.split(",")))
-    return [r for r in runs if r["name"] not in skip]
+    return [r for r in runs if _key(r["name"]) not in skip]
+
+
+def _key(name: str) -> str:
+    """A run's short name, for --skip and its report's file name."""
+    return "sampled" if name == SAMPLED else name
 
 
 def row(name: str, ranks: int, rep: dict, refs: dict) -> dict:
@@ -77,7 +89,9 @@ def row(name: str, ranks: int, rep: dict, refs: dict) -> dict:
            "peak_rss_per_rank": last["peak_rss_bytes"],
            "embedding_fraction": max(last["embedding_bytes"]) / rep["total_embedding_bytes"],
            "item_table": rep["item_table_kind"], "final_loss": rep["final_loss"],
-           "recall_at_10": val.get("recall_at_10"), "ndcg_at_10": val.get("ndcg_at_10")}
+           "recall_at_10": val.get("recall_at_10"), "ndcg_at_10": val.get("ndcg_at_10"),
+           # --loss sampled: its own evaluate's recall, among the global batch's items
+           "sampled_recall_at_10": (rep.get("val_sampled") or {}).get("recall_at_10")}
     for key, ref in refs.items():
         out[f"x_{key}"] = out["warm_samples_per_second"] / ref["warm_samples_per_second"]
         out[f"rss_x_{key}"] = max(out["peak_rss_per_rank"]) / max(ref["peak_rss_per_rank"])
@@ -104,14 +118,14 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    """Runs the three rows in turn; returns non-zero when one failed."""
+    """Runs the rows in turn; returns non-zero when one failed."""
     quiet_imports()
     args = _parser().parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rows, failed, refs = [], [], {}
     for run, rep, seconds in finished_runs(
             "merlin_models_de.apps.next_item", _runs(args), args,
-            lambda r: f"next_item-{r['name']}.json",
+            lambda r: f"next_item-{_key(r['name'])}.json",
             lambda r: f"{r['name']} ({r['ranks']} rank(s))", failed):
         result = row(run["name"], run["ranks"], rep,
                      {k: v for k, v in refs.items() if k != run["name"]})

@@ -23,45 +23,23 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import socket
 import sys
 import time
 
-from merlin_models_de.apps.console import quiet_imports
+from merlin_models_de.apps.cli import (EMBEDDINGS, OneLineParser, checked_arguments,
+                                       dataset_dir_problem, ints, world)
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
-from merlin_models_de.comm import launch_env
 from merlin_models_de.planner import STRATEGIES, validate_options
-from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in, synthetic_dataset_names
+from merlin_models_de.schemas import synthetic_dataset_names
 
 STARTED = time.perf_counter()
-EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers like '128,64', got {text!r}")
-    return values
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Bad options: one line on stderr (rank 0 only under horovodrun), exit status 2."""
-
-    def error(self, message):
-        if world()[1] == 0:
-            sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
 
 
 def parser() -> argparse.ArgumentParser:
     """The command's options."""
-    ap = _OneLineParser(prog="python -m merlin_models_de.dlrm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m merlin_models_de.dlrm", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     data = ap.add_argument_group("data")
     data.add_argument("--rows", type=int, default=100_000, help="synthetic training rows")
     data.add_argument("--valid-rows", type=int, default=None,
@@ -74,9 +52,9 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--valid-dir", default=None)
     model = ap.add_argument_group("model and training")
     model.add_argument("--dim", type=int, default=16)
-    model.add_argument("--bottom-mlp", type=_ints, default=[128],
+    model.add_argument("--bottom-mlp", type=ints, default=[128],
                        help="hidden widths of the bottom MLP (dim is appended)")
-    model.add_argument("--top-mlp", type=_ints, default=[128, 64])
+    model.add_argument("--top-mlp", type=ints, default=[128, 64])
     model.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
     model.add_argument("--epochs", type=int, default=1)
     model.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
@@ -101,11 +79,6 @@ def parser() -> argparse.ArgumentParser:
                      help="TF threads per rank (default: cores / ranks on this host)")
     out.add_argument("--quiet", action="store_true", help="no Keras progress bar")
     return ap
-
-
-def world() -> tuple[int, int, int]:
-    """(size, rank, local_size) from horovodrun's environment, without initializing Horovod."""
-    return launch_env()
 
 
 def check_options(args) -> str | None:
@@ -154,44 +127,13 @@ def check_host(args) -> str | None:
         return ("--backend distributed-embeddings needs NVIDIA distributed-embeddings "
                 "(scripts/install_distributed_embeddings.sh). Received: "
                 "--backend=distributed-embeddings")
-    for flag, path in (("--train-dir", args.train_dir), ("--valid-dir", args.valid_dir)):
-        if path is None:
-            continue
-        if not os.path.isdir(path):
-            return f"{flag} is not a directory. Received: {flag}={path!r}"
-        if schema_file_in(path) is None:
-            return (f"{flag} has no Merlin schema ({' or '.join(SCHEMA_FILES)}; "
-                    f"NVTabular writes one). Received: {flag}={path!r}")
-    return None
+    return (dataset_dir_problem("--train-dir", args.train_dir)
+            or dataset_dir_problem("--valid-dir", args.valid_dir))
 
 
 def check(args) -> str | None:
     """The first problem with ``args`` as one line, or None. No TensorFlow, no Horovod."""
     return check_options(args) or check_host(args)
-
-
-def _report_problem(problem: str, host_dependent: bool) -> None:
-    """One line on stderr from rank 0; a host-dependent problem also from the first rank of
-    every other host (rank 0 may not see it; the other ranks of a host see what it sees)."""
-    rank = world()[1]
-    if rank == 0:
-        print(f"error: {problem}", file=sys.stderr)
-    elif host_dependent and os.environ.get("HOROVOD_LOCAL_RANK", "0") == "0":
-        host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-        print(f"error (rank {rank}, host {host}): {problem}", file=sys.stderr)
-
-
-def checked_arguments(option_parser, argv, check_options, check_host):
-    """Parsed options, or None after reporting the first problem (options first, then what
-    depends on the host), before TensorFlow loads."""
-    quiet_imports()
-    args = option_parser.parse_args(argv)
-    problem = check_options(args)
-    host_problem = None if problem else check_host(args)
-    if problem or host_problem:
-        _report_problem(problem or host_problem, host_dependent=bool(host_problem))
-        return None
-    return args
 
 
 def main(argv=None) -> int:

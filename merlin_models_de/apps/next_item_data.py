@@ -1,4 +1,5 @@
-"""Deterministic synthetic sessions for the next-item command, per rank (no TensorFlow here).
+"""The next-item command's data: deterministic synthetic sessions per rank, and the item
+column of a parquet dataset's schema (only NumPy at import: the sessions need no TensorFlow).
 
 A session is 2..``max_length`` item ids (ids 1..items-1; 0 is left free as Merlin's padding id).
 Items have a Zipf-like popularity (the item of popularity rank ``r`` is drawn with
@@ -24,6 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
+ITEM = "item_id"  # the synthetic sessions' item column
 BLOCK_SESSIONS = 4096
 EXPONENT = 1.1  # popularity: Zipf-like, about a quarter of all draws hit the 10 most popular
 
@@ -92,3 +94,38 @@ def session_schema(items: int, max_length: int, name: str = "item_id"):
         is_list=True, is_ragged=True,
         properties={"domain": {"min": 0, "max": items - 1, "name": name},
                     "value_count": {"min": 2, "max": max_length}})])
+
+
+def item_sequence_column(schema, flag: str, path: str) -> tuple[str, int]:
+    """``(name, catalog size)`` of the item-id list column of a dataset's Merlin schema: the
+    one column tagged ITEM and ID that is a list (``is_list`` or the LIST tag); the catalog
+    is its integer domain's max + 1.
+
+    Raises:
+        ValueError: one line naming ``flag``, ``path`` and what was found, when the schema
+            has no such column or more than one, or the column has no integer domain max.
+    """
+    from merlin.schema import Tags
+
+    found = [c.name for c in schema if {Tags.ITEM, Tags.ID} <= set(c.tags)
+             and (c.is_list or Tags.LIST in c.tags)]
+    if len(found) != 1:
+        what = (f"{len(found)} such columns {found}" if found else
+                f"none among its columns {schema.column_names}")
+        raise ValueError(f"{flag}'s schema must have exactly one item-id list column (tags "
+                         f"ITEM and ID, a list); it has {what}. Received: {flag}={path!r}")
+    column = schema[found[0]]
+    domain = column.int_domain
+    if domain is None or domain.max is None:
+        raise ValueError(f"The item column {column.name!r} in {flag}'s schema has no integer "
+                         f"domain max (the catalog is max + 1 rows). Received: {flag}={path!r}")
+    return column.name, int(domain.max) + 1
+
+
+def item_model_schema(schema, name: str):
+    """The schema the model and the loader use: only the item column, tagged CATEGORICAL (the
+    loader and the embedding block take it) and SEQUENCE (the session transforms do)."""
+    from merlin.schema import Schema, Tags
+
+    column = schema[name]
+    return Schema([column.with_tags([Tags.CATEGORICAL, Tags.SEQUENCE])])

@@ -15,12 +15,12 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.apps.dlrm_report import embedding_bytes, peak_rss_bytes
-from merlin_models_de.apps.dlrm_run import _optimizer, configure_threads
-from merlin_models_de.apps.next_item_data import make_sessions, session_schema
+from merlin_models_de.apps.dlrm_run import (RestOfEpoch, _equal_steps, _optimizer, _restore,
+                                           configure_threads)
+from merlin_models_de.apps.next_item_data import ITEM, make_sessions, session_schema
 from merlin_models_de.apps.synthetic import rank_rows
 from merlin_models_de.tables import human_bytes
 
-ITEM = "item_id"
 METRICS = ("recall_at_10", "ndcg_at_10", "mrr_at_10")
 
 
@@ -49,33 +49,61 @@ class LastState(tf.keras.layers.Layer):
         return dict(super().get_config(), units=self.units)
 
 
-def sessions_dataset(sessions: dict, batch: int) -> tf.data.Dataset:
-    """Full batches of sessions as Merlin's Loader gives a list column: ``item_id__values``
-    and ``item_id__offsets``."""
+def sessions_dataset(sessions: dict, batch: int, item: str) -> tf.data.Dataset:
+    """Full batches of sessions as Merlin's Loader gives a list column: ``<item>__values``
+    and ``<item>__offsets``."""
     seq = tf.RaggedTensor.from_row_lengths(sessions["values"], sessions["lengths"])
 
     def loader_form(s):
-        return {f"{ITEM}__values": s.flat_values, f"{ITEM}__offsets": s.row_splits}
+        return {f"{item}__values": s.flat_values, f"{item}__offsets": s.row_splits}
 
     return (tf.data.Dataset.from_tensor_slices(seq).batch(batch, drop_remainder=True)
             .map(loader_form).prefetch(2))
 
 
-def _data(args, size, rank):
+def _synthetic(args, size, rank):
+    """(schema, train data, steps, valid data or None, valid steps): this rank's sessions."""
     valid = args.valid_sessions
     if valid is None:
         valid = max(args.sessions // 10, args.batch_size * size)
 
     def local(total, seed):
         ranges = rank_rows(total, args.batch_size, size, rank)
-        return make_sessions(args.items, args.max_length, ranges, seed), len(ranges)
+        sessions = make_sessions(args.items, args.max_length, ranges, seed)
+        return sessions_dataset(sessions, args.batch_size, ITEM), len(ranges)
 
     train, steps = local(args.sessions, args.seed)
     held_out, valid_steps = local(valid, args.seed + 1) if valid else (None, 0)
-    return train, steps, held_out, valid_steps
+    return session_schema(args.items, args.max_length, ITEM), train, steps, held_out, valid_steps
+
+
+def _parquet(args, size, rank):
+    """(schema, train loader, steps, valid loader, valid steps): Merlin's Loader over this
+    rank's partitions of ``--train-dir`` / ``--valid-dir``, reading the item column only."""
+    import merlin.models.tf as mm
+    from merlin.io import Dataset
+
+    from merlin_models_de.apps.next_item_data import item_model_schema
+    del rank  # the Loader finds it (below)
+    from merlin_models_de.schemas import load_schema
+
+    def loader(path):
+        schema = item_model_schema(load_schema(path), args.item_column)
+        ds = Dataset(path, engine="parquet", schema=schema)
+        if ds.npartitions < size:  # the loader deals whole partitions to the ranks
+            ds = ds.repartition(npartitions=size)
+        # under Horovod Merlin's Loader takes this rank's partitions by itself (its world
+        # size and rank default to Horovod's)
+        return schema, mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True)
+
+    schema, train = loader(args.train_dir)
+    valid = loader(args.valid_dir)[1]
+    return (schema, train, _equal_steps(train, "train"), valid, _equal_steps(valid, "valid"))
 
 
 def _model(args, schema):
+    """(model, embedding block, the model whose evaluate gives full-catalog top-k: the model
+    itself with the softmax, else a twin sharing its layers with a full-softmax output)."""
     import merlin.models.tf as mm
 
     import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
@@ -96,10 +124,19 @@ def _model(args, schema):
         encoder = [mm.MLPBlock([hidden]),
                    mm.GPT2Block(d_model=hidden, n_head=args.heads, n_layer=args.layers),
                    LastPosition()]
-    model = mm.Model(mm.InputBlockV2(schema, categorical=emb), *encoder,
-                     mm.MLPBlock(list(args.mlp) + [args.dim]),
-                     mm.CategoricalOutput(to_call=emb[ITEM]))
-    return model, emb
+    body = [mm.InputBlockV2(schema, categorical=emb), *encoder,
+            mm.MLPBlock(list(args.mlp) + [args.dim])]
+    item = emb[args.item_column]
+    if args.loss == "softmax":
+        model = mm.Model(*body, mm.CategoricalOutput(to_call=item))
+        return model, emb, model
+    from merlin_models_de.samplers import GlobalInBatchSampler
+
+    # the sampled loss: every rank's in-batch positives are the negatives (what one process
+    # with the global batch does); its evaluate ranks the target among those candidates only
+    model = mm.Model(*body, mm.ContrastiveOutput(to_call=item,
+                                                 negative_samplers=GlobalInBatchSampler()))
+    return model, emb, mm.Model(*body, mm.CategoricalOutput(to_call=item))
 
 
 class StepClock(tf.keras.callbacks.Callback):
@@ -129,9 +166,9 @@ class StepClock(tf.keras.callbacks.Callback):
         return (self.steps - 1) * global_batch / (self.last - self.first), seconds
 
 
-def _evaluate(model, valid, pre, epoch):
+def _evaluate(model, valid, steps, pre, epoch):
     """Evaluate's loss and top-k metrics, the mean over the ranks (equal sessions each)."""
-    result = model.evaluate(valid, verbose=0, return_dict=True, pre=pre)
+    result = model.evaluate(valid, steps=steps, verbose=0, return_dict=True, pre=pre)
     mine = {k: float(v) for k, v in result.items()}
     ranks = comm.allgather_object(mine, name=f"mmde_next_item_eval{epoch}")
     return {k: sum(r[k] for r in ranks) / len(ranks) for k in mine}
@@ -141,8 +178,9 @@ def _line(e) -> str:
     mem = " ".join(f"r{i}={human_bytes(b)}/{human_bytes(r)}"
                    for i, (b, r) in enumerate(zip(e["embedding_bytes"], e["peak_rss_bytes"])))
     sps = "" if e["samples_per_second"] is None else f"{e['samples_per_second']:,.0f} samples/s "
-    val = "" if e["val"] is None else " " + " ".join(
-        f"val_{k}={e['val'][k]:.4f}" for k in ("loss",) + METRICS if k in e["val"])
+    val = "".join(f" {prefix}_{k}={e[key][k]:.4f}" for key, prefix in
+                  (("val", "val"), ("val_sampled", "val_sampled")) if e.get(key)
+                  for k in ("loss",) + METRICS if k in e[key])
     return (f"epoch {e['epoch']}: {sps}({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "
             f"embeddings/peak RSS per rank: {mem}")
 
@@ -154,6 +192,37 @@ def _placement(emb, args) -> str:
             f"({human_bytes(embedding_bytes(emb))}) and computes the full softmax")
 
 
+def _resume(args, model, schema, steps, size):
+    """``(first epoch, its batches trained already, what the report records)``: from the
+    newest checkpoint in ``--checkpoint-dir`` (the DLRM command's restore), else a fresh start."""
+    from merlin_models_de.checkpoint import latest_checkpoint
+    from merlin_models_de.export import sample_batch
+
+    if not (args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir)):
+        return 0, 0, None
+    model(sample_batch(schema))  # restoring writes into the variables: create them first
+    return _restore(args, model, steps, size)
+
+
+def _rest_of_epoch(train, skip: int, steps: int):
+    """The epoch's batches after its first ``skip`` (all of them when ``skip`` is 0)."""
+    if not skip:
+        return train
+    if isinstance(train, tf.data.Dataset):
+        return train.skip(skip)
+    return RestOfEpoch(train, skip, steps)  # Merlin's Loader
+
+
+def _checkpoint_callback(args):
+    """One callback for every epoch's fit (it remembers the step it saved last), or None."""
+    if not args.checkpoint_dir:
+        return None
+    from merlin_models_de.checkpoint import CheckpointCallback
+
+    keep = {} if args.checkpoint_keep is None else {"keep": args.checkpoint_keep}
+    return CheckpointCallback(args.checkpoint_dir, args.checkpoint_every, **keep)
+
+
 def run(args, started: float) -> dict:
     """Trains and evaluates as ``args`` say; returns the report (rank 0 writes it)."""
     threads = configure_threads(args.cpu_threads)
@@ -162,26 +231,35 @@ def run(args, started: float) -> dict:
     phases = {"imports": time.perf_counter() - started}
     size, rank = comm.size(), comm.rank()
     global_batch = args.batch_size * size
-    schema = session_schema(args.items, args.max_length, ITEM)
-    train, steps, held_out, valid_steps = _data(args, size, rank)
-    train_ds = sessions_dataset(train, args.batch_size)
-    valid_ds = sessions_dataset(held_out, args.batch_size) if held_out is not None else None
+    data = _parquet if args.train_dir else _synthetic
+    schema, train_ds, steps, valid_ds, valid_steps = data(args, size, rank)
     phases["data"] = time.perf_counter() - started
     tf.keras.utils.set_random_seed(args.seed + rank)
-    model, emb = _model(args, schema)
+    model, emb, catalog_model = _model(args, schema)
     model.compile(optimizer=_optimizer(args))
-    pre = mm.SequencePredictLast(schema=schema, target=ITEM)
+    if catalog_model is not model:  # evaluate only; its optimizer never steps
+        catalog_model.compile(optimizer=_optimizer(args))
+    pre = mm.SequencePredictLast(schema=schema, target=args.item_column)
+    start, done, resumed = _resume(args, model, schema, steps, size)
     if rank == 0:
         print(_placement(emb, args), flush=True)
+    saver = _checkpoint_callback(args)
     epochs = []
-    for epoch in range(args.epochs):
+    for epoch in range(start, args.epochs):
         clock = StepClock()
-        history = model.fit(train_ds, epochs=1, steps_per_epoch=steps, pre=pre,
-                            callbacks=[clock], verbose=0 if (args.quiet or rank) else 2)
+        skip = done if epoch == start else 0  # a resumed epoch: only its untrained batches
+        history = model.fit(_rest_of_epoch(train_ds, skip, steps), epochs=1,
+                            steps_per_epoch=steps - skip, pre=pre,
+                            callbacks=[clock] + ([saver] if saver else []),
+                            verbose=0 if (args.quiet or rank) else 2)
         phases.setdefault("first_epoch_trained", time.perf_counter() - started)
         sps, seconds = clock.warm(global_batch)
         loss = float(history.history["loss"][-1])
-        val = _evaluate(model, valid_ds, pre, epoch) if valid_ds is not None else None
+        val = sampled = None
+        if valid_ds is not None:
+            val = _evaluate(catalog_model, valid_ds, valid_steps, pre, f"{epoch}")
+            if catalog_model is not model:  # the sampled loss's own evaluate, for reference
+                sampled = _evaluate(model, valid_ds, valid_steps, pre, f"{epoch}_sampled")
         mine = {"embedding_bytes": embedding_bytes(emb), "peak_rss_bytes": peak_rss_bytes(),
                 "loss": loss, "samples_per_second": sps}
         ranks = comm.allgather_object(mine, name=f"mmde_next_item_epoch{epoch}")
@@ -190,6 +268,7 @@ def run(args, started: float) -> dict:
                  # every rank steps together: the slowest rank's clock is the job's
                  "samples_per_second": None if None in speeds else min(speeds),
                  "loss": sum(r["loss"] for r in ranks) / len(ranks), "val": val,
+                 "val_sampled": sampled,
                  "embedding_bytes": [r["embedding_bytes"] for r in ranks],
                  "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks]}
         epochs.append(entry)
@@ -197,6 +276,7 @@ def run(args, started: float) -> dict:
             print(_line(entry), flush=True)
     phases["done"] = time.perf_counter() - started
     report = _report(args, emb, epochs, steps, valid_steps, threads, phases)
+    report["resumed"] = resumed
     if args.report and rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
         with open(args.report, "w", encoding="utf-8") as f:
@@ -209,7 +289,7 @@ def run(args, started: float) -> dict:
 def _report(args, emb, epochs, steps, valid_steps, threads, phases) -> dict:
     plan = getattr(emb, "plan", None)
     speeds = [e["samples_per_second"] for e in epochs if e["samples_per_second"] is not None]
-    last = epochs[-1]
+    last = epochs[-1] if epochs else {"loss": None, "val": None}  # resumed when done
     return {"command": "merlin_models_de.apps.next_item", "options": vars(args),
             "world_size": comm.size(), "cpu_threads": threads,
             "backend": getattr(emb, "backend_name", "mm.Embeddings"),
@@ -218,7 +298,11 @@ def _report(args, emb, epochs, steps, valid_steps, threads, phases) -> dict:
             # warm: every epoch's steps after its first (which traces the step)
             "warm_samples_per_second": sum(speeds) / len(speeds) if speeds else None,
             "total_embedding_bytes": args.items * args.dim * 4,
-            "item_table_kind": plan.kind_of(ITEM).name if plan is not None else "DATA_PARALLEL",
+            "item_column": args.item_column, "loss": args.loss,
+            "item_table_kind": (plan.kind_of(emb[args.item_column].name).name
+                                if plan is not None else "DATA_PARALLEL"),
             "final_loss": last["loss"],
-            "val": last["val"], "epochs": epochs,
+            # val: full-catalog softmax loss and top-k; val_sampled (--loss sampled): the
+            # sampled loss's own evaluate, the target ranked among the global batch's items
+            "val": last["val"], "val_sampled": last.get("val_sampled"), "epochs": epochs,
             "plan": plan.to_dict() if plan is not None else None}

@@ -1,6 +1,10 @@
 """The next-item command: option errors before TensorFlow, synthetic sessions that do not depend
 on the world size, a tiny run in one process and one under ``horovodrun -np 2`` (the item table
-row-sliced, vocab-parallel softmax, evaluate's top-k metrics in the report)."""
+row-sliced, vocab-parallel softmax, evaluate's top-k metrics in the report), parquet input
+(``--train-dir``: schema errors, runs in one process and on 2 ranks) and the sampled loss.
+
+The tests that load TensorFlow in this process come last, after the ones that check that
+option errors come before it."""
 import json
 import math
 import os
@@ -52,6 +56,21 @@ def _main(argv, capsys):
      "--heads must divide the transformer width 64. Received: --heads=3"),
     (["--row-slice-threshold", "0"], "row_slice_threshold"),
     (["--mlp", "0"], "argument --mlp: expected positive integers like '128,64', got '0'"),
+    (["--loss", "bpr"], "argument --loss: invalid choice: 'bpr'"),
+    (["--train-dir", "/d", "--valid-dir", "/v", "--items", "10"],
+     "--items is for synthetic sessions, not --train-dir (the catalog and sessions come from "
+     "the dataset). Received: --items=10"),
+    (["--train-dir", "/d", "--valid-dir", "/v", "--sessions", "9000"],
+     "--sessions is for synthetic sessions, not --train-dir"),
+    (["--train-dir", "/d"], "--train-dir needs --valid-dir (held-out sessions for recall@10). "
+                            "Received: --train-dir='/d'"),
+    (["--valid-dir", "/v"], "--valid-dir needs --train-dir. Received: --valid-dir='/v'"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir. "
+                                  "Received: --checkpoint-every=5"),
+    (["--checkpoint-dir", "/c", "--checkpoint-keep", "0"],
+     "--checkpoint-keep must be >= 1. Received: --checkpoint-keep=0"),
+    (["--train-dir", "/no/such/dir", "--valid-dir", "/v"],
+     "error: --train-dir is not a directory. Received: --train-dir='/no/such/dir'"),
 ])
 def test_bad_options_exit_2_with_one_line_before_tensorflow(argv, message, capsys):
     had_tf = "tensorflow" in sys.modules
@@ -131,6 +150,40 @@ def test_two_ranks_shard_the_item_table_by_rows(tmp_path):
     assert math.isfinite(report["val"]["ndcg_at_10"])
 
 
+def test_a_run_resumes_from_its_checkpoint_at_the_next_epoch(tmp_path):
+    """The first run saves after its epoch; the second, asked for 2 epochs, restores that
+    checkpoint (step 8 of 8 per epoch) and trains only epoch 2."""
+    ckpt, first, second = str(tmp_path / "ckpt"), str(tmp_path / "1.json"), str(tmp_path / "2.json")
+    common = [*TINY[:-3], "--batch-size", "128", "--quiet", "--checkpoint-dir", ckpt]
+    run = _run([*common, "--epochs", "1", "--report", first])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert json.load(open(first, encoding="utf-8"))["resumed"] is None
+    latest = open(os.path.join(ckpt, "latest"), encoding="utf-8").read().strip()
+    assert latest == "ckpt-000000008"
+    run = _run([*common, "--epochs", "2", "--report", second])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"{latest} (step 8, epoch 1)" in run.stdout
+    report = json.load(open(second, encoding="utf-8"))
+    assert report["resumed"]["step"] == 8 and report["resumed"]["epoch"] == 1
+    assert [e["epoch"] for e in report["epochs"]] == [2] and report["epochs"][0]["steps"] == 8
+    assert open(os.path.join(ckpt, "latest"), encoding="utf-8").read().strip() == (
+        "ckpt-000000016")
+
+
+def test_bench_runs_the_sampled_row_on_the_sharded_table_unless_skipped():
+    from merlin_models_de.apps import bench_next_item as bench
+
+    def runs(*argv):
+        return {r["name"]: r for r in bench._runs(bench._parser().parse_args(list(argv)))}
+
+    every = runs("--np", "2")
+    assert list(every) == list(bench.RUNS)
+    sampled = every["sharded, sampled (global in-batch)"]
+    assert sampled["ranks"] == 2
+    assert sampled["args"] == every["sharded"]["args"] + ["--loss", "sampled"]
+    assert list(runs("--skip", "sampled,single")) == ["data-parallel", "sharded"]
+
+
 def test_bench_rows_give_speed_and_memory_ratios():
     from merlin_models_de.apps.bench_next_item import markdown, row
 
@@ -151,3 +204,140 @@ def test_bench_rows_give_speed_and_memory_ratios():
     assert sharded["embedding_fraction"] == 0.5 and dp["embedding_fraction"] == 1.0
     table = markdown([single, dp, sharded])
     assert "| sharded | 2 | ROW_WISE | 440 | 4.40 | 4.00 |" in table
+
+
+def test_a_dataset_directory_without_a_schema_is_refused(tmp_path, capsys):
+    (tmp_path / "part_0.parquet").write_bytes(b"")
+    code, err = _main(["--train-dir", str(tmp_path), "--valid-dir", str(tmp_path)], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: --train-dir has no Merlin schema (schema.pbtxt or ")
+    assert err[0].endswith(f"Received: --train-dir={str(tmp_path)!r}")
+
+
+# ---- below: TensorFlow loads in this process (Merlin's schema and parquet writers) ----
+
+def _schema_dir(path, columns):
+    """A dataset directory holding only a Merlin schema of ``columns`` (ColumnSchemas)."""
+    from merlin.schema import Schema
+    from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
+
+    os.makedirs(path, exist_ok=True)
+    TensorflowMetadata.from_merlin_schema(Schema(columns)).to_proto_text_file(str(path))
+    return str(path)
+
+
+def _item(name, max_id=99, is_list=True, domain=True):
+    from merlin.schema import ColumnSchema, Tags
+
+    props = {"domain": {"min": 0, "max": max_id}} if domain else {}
+    return ColumnSchema(name, tags=[Tags.ITEM, Tags.ID, Tags.CATEGORICAL], dtype=np.int64,
+                        is_list=is_list, is_ragged=is_list, properties=props)
+
+
+def test_the_item_column_is_the_one_item_id_list_column_and_its_domain_the_catalog(tmp_path):
+    from merlin_models_de.apps.next_item_data import item_sequence_column
+    from merlin_models_de.schemas import load_schema
+
+    def column(name, *cols):
+        path = _schema_dir(tmp_path / name, cols)
+        return item_sequence_column(load_schema(path), "--train-dir", path)
+
+    assert column("ok", _item("items", 499), _item("user_id", is_list=False)) == ("items", 500)
+    with pytest.raises(ValueError) as err:
+        column("two", _item("a"), _item("b"))
+    assert str(err.value) == (
+        "--train-dir's schema must have exactly one item-id list column (tags ITEM and ID, a "
+        "list); it has 2 such columns ['a', 'b']. Received: --train-dir="
+        f"{str(tmp_path / 'two')!r}")
+    with pytest.raises(ValueError, match=r"it has none among its columns \['item'\]"):
+        column("scalar", _item("item", is_list=False))
+    with pytest.raises(ValueError) as err:
+        column("no_domain", _item("item", domain=False))
+    assert str(err.value).startswith("The item column 'item' in --train-dir's schema has no "
+                                     "integer domain max (the catalog is max + 1 rows).")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("two item columns", "error: --train-dir's schema must have exactly one item-id list "
+                         "column (tags ITEM and ID, a list); it has 2 such columns ['a', 'b']"),
+    ("valid without it", "error: --valid-dir's schema has no column 'a' (the item column of "
+                         "--train-dir)"),
+])
+def test_schema_problems_exit_2_with_one_line_naming_the_column(tmp_path, capsys, case,
+                                                                message):
+    train = [_item("a"), _item("b")] if case == "two item columns" else [_item("a")]
+    valid = train if case == "two item columns" else [_item("b")]
+    code, err = _main(["--train-dir", _schema_dir(tmp_path / "train", train),
+                       "--valid-dir", _schema_dir(tmp_path / "valid", valid)], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(message), err
+
+
+def _write_sessions(path, sessions, seed, items=500, parts=2):
+    """Parquet sessions with a Merlin schema, as NVTabular writes them: a session id and the
+    item-id list column (tags ITEM, ID, a list) among other columns."""
+    import pandas as pd
+    from merlin.io import Dataset
+    from merlin.schema import ColumnSchema, Schema, Tags
+
+    s = make_sessions(items, 6, [(0, sessions)], seed=seed)
+    offsets = np.concatenate([[0], np.cumsum(s["lengths"])])
+    frame = pd.DataFrame({"session_id": np.arange(sessions), "item_list": [
+        s["values"][a:z] for a, z in zip(offsets[:-1], offsets[1:])]})
+    ds = Dataset(frame, npartitions=parts)
+    ds.schema = Schema([  # no CATEGORICAL / SEQUENCE tags: the command adds what it needs
+        ColumnSchema("session_id", dtype=np.int64, tags=[Tags.SESSION_ID],
+                     properties={"domain": {"min": 0, "max": sessions - 1}}),
+        ColumnSchema("item_list", dtype=np.int64, tags=[Tags.ITEM, Tags.ID], is_list=True,
+                     is_ragged=True, properties={"domain": {"min": 0, "max": items - 1}})])
+    ds.to_parquet(str(path), output_files=parts)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def parquet_sessions(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sessions")
+    return (_write_sessions(root / "train", 1024, seed=0),
+            _write_sessions(root / "valid", 256, seed=1))
+
+
+PARQUET = ["--dim", "8", "--mlp", "16", "--epochs", "1", "--quiet"]
+
+
+def test_parquet_sessions_train_in_one_process(parquet_sessions, tmp_path):
+    train, valid = parquet_sessions
+    path = str(tmp_path / "r.json")
+    run = _run(["--train-dir", train, "--valid-dir", valid, *PARQUET, "--batch-size", "128",
+                "--report", path])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "epoch 1:" in run.stdout and "val_recall_at_10=" in run.stdout
+    report = json.load(open(path, encoding="utf-8"))
+    # the catalog from the schema's domain, the item column found by its tags
+    assert report["item_column"] == "item_list" and report["options"]["items"] == 500
+    assert report["total_embedding_bytes"] == 500 * 8 * 4
+    assert report["steps_per_epoch"] == 1024 // 128 and report["valid_steps"] == 256 // 128
+    assert math.isfinite(report["final_loss"]) and report["final_loss"] > 0
+    assert 0.0 <= report["val"]["recall_at_10"] <= 1.0 and report["val_sampled"] is None
+
+
+def test_two_ranks_train_parquet_sessions_with_the_sampled_loss(parquet_sessions, tmp_path):
+    """Each rank reads its own partition; the sampled loss takes every rank's positives as
+    negatives; recall@10 is the full catalog's (a twin with the softmax output evaluates),
+    the sampled loss's own evaluate is reported apart."""
+    train, valid = parquet_sessions
+    path = str(tmp_path / "r.json")
+    run = _run(["--train-dir", train, "--valid-dir", valid, *PARQUET, "--batch-size", "64",
+                "--loss", "sampled", "--report", path], ranks=2, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count("epoch 1:") == 1 and "val_sampled_recall_at_10=" in run.stdout
+    report = json.load(open(path, encoding="utf-8"))
+    assert report["world_size"] == 2 and report["item_table_kind"] == "ROW_WISE"
+    assert report["loss"] == "sampled" and report["global_batch"] == 128
+    assert report["steps_per_epoch"] == 512 // 64 and report["valid_steps"] == 128 // 64
+    assert report["epochs"][-1]["embedding_bytes"] == [250 * 8 * 4] * 2
+    # sampled: softmax over the global batch's 128 positives, about log(128) untrained
+    assert abs(report["final_loss"] - math.log(128)) < 0.5
+    # full catalog: a softmax over 500 items, about log(500) after 8 steps
+    assert abs(report["val"]["loss"] - math.log(500)) < 0.5
+    for val in (report["val"], report["val_sampled"]):
+        assert 0.0 <= val["recall_at_10"] <= 1.0 and math.isfinite(val["ndcg_at_10"])

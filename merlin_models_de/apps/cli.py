@@ -1,0 +1,87 @@
+"""What the training commands share for their options (no TensorFlow, no Horovod here).
+
+A command builds its parser with :class:`OneLineParser`, checks the parsed options with its
+own ``check_options`` (the same answer on every rank) and ``check_host`` (files, installed
+packages: may differ by host), and calls :func:`checked_arguments`, which reports the first
+problem as one line and gives None, so every rank exits with status 2 before TensorFlow loads.
+
+Example:
+    >>> ap = OneLineParser(prog="demo")
+    >>> _ = ap.add_argument("--mlp", type=ints, default=[128])
+    >>> ap.parse_args(["--mlp", "64,32"]).mlp
+    [64, 32]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from merlin_models_de.apps.console import quiet_imports
+from merlin_models_de.comm import launch_env
+from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
+
+EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
+
+
+def ints(text: str) -> list[int]:
+    """``"128,64"`` -> ``[128, 64]``; anything else (empty, non-positive) is an option error."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like '128,64', got {text!r}")
+    return values
+
+
+def world() -> tuple[int, int, int]:
+    """(size, rank, local_size) from horovodrun's environment, without initializing Horovod."""
+    return launch_env()
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad options: one line on stderr (rank 0 only under horovodrun), exit status 2."""
+
+    def error(self, message):
+        if world()[1] == 0:
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def dataset_dir_problem(flag: str, path: str | None) -> str | None:
+    """The problem with a parquet dataset directory option (missing, no Merlin schema), or
+    None; ``path`` None (the option not given) is no problem."""
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        return f"{flag} is not a directory. Received: {flag}={path!r}"
+    if schema_file_in(path) is None:
+        return (f"{flag} has no Merlin schema ({' or '.join(SCHEMA_FILES)}; "
+                f"NVTabular writes one). Received: {flag}={path!r}")
+    return None
+
+
+def report_problem(problem: str, host_dependent: bool) -> None:
+    """One line on stderr from rank 0; a host-dependent problem also from the first rank of
+    every other host (rank 0 may not see it; the other ranks of a host see what it sees)."""
+    rank = world()[1]
+    if rank == 0:
+        print(f"error: {problem}", file=sys.stderr)
+    elif host_dependent and os.environ.get("HOROVOD_LOCAL_RANK", "0") == "0":
+        host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        print(f"error (rank {rank}, host {host}): {problem}", file=sys.stderr)
+
+
+def checked_arguments(option_parser, argv, check_options, check_host):
+    """Parsed options, or None after reporting the first problem (options first, then what
+    depends on the host), before TensorFlow loads."""
+    quiet_imports()
+    args = option_parser.parse_args(argv)
+    problem = check_options(args)
+    host_problem = None if problem else check_host(args)
+    if problem or host_problem:
+        report_problem(problem or host_problem, host_dependent=bool(host_problem))
+        return None
+    return args
