@@ -9,10 +9,16 @@ Runs, on the same synthetic data and the same steps (the DLRM command, one proce
   run without id validation, to price the check);
 - ``distributed-embeddings/<strategy>``: the same with NVIDIA's engine, where it imports.
 
+Every run is repeated ``--repeats`` times (the repeats interleaved: run 1 of every
+configuration, then run 2, ...), so the machine's drift touches all configurations alike.
 Speed is global samples/s over the warm epochs (the first epoch, with tracing and table
-initialization, is reported apart), with ratios to ``single`` and ``data-parallel``; memory is
-each rank's embedding bytes and peak resident memory. Output: a markdown table on stdout and
-in ``<out>/bench.md``, everything in ``<out>/bench.json``.
+initialization, is reported apart): the median over repeats with its min-max spread, ratios to
+``single`` and ``data-parallel`` taken between medians; memory is each rank's embedding bytes
+and peak resident memory (the largest over repeats). For the first ``horovod/<strategy>`` run
+of each optimizer, :mod:`merlin_models_de.apps.step_breakdown` then times the pieces of one
+step (compute, id exchange, row exchange forward / backward, dense allreduce, id
+validation) against the step's time. Output: markdown tables on stdout and in
+``<out>/bench.md``, everything (every repeat, every piece) in ``<out>/bench.json``.
 
 Example:
     python -m merlin_models_de.bench --np 2 --optimizers sgd,adagrad --out bench/
@@ -22,10 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 
+from merlin_models_de.apps import step_breakdown
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.backends.registry import AUTO, BACKEND_NAMES, is_installed
@@ -41,9 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--network-interface", default=None,
                     help="interface the ranks talk over (default: lo when --hosts is not given; "
                          "with --hosts, Horovod's choice)")
-    ap.add_argument("--rows", type=int, default=20480)
+    # 40 global batches of 2 x 512 per epoch, 3 warm epochs: 120 warm steps per run
+    ap.add_argument("--rows", type=int, default=40960)
     ap.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
-    ap.add_argument("--epochs", type=int, default=3, help="1 cold + the rest warm")
+    ap.add_argument("--epochs", type=int, default=4, help="1 cold + the rest warm")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of every configuration")
+    ap.add_argument("--breakdown-iterations", type=int, default=50,
+                    help="timed calls per piece of the step breakdown (0: no breakdown)")
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--max-table-rows", type=int, default=None)
     ap.add_argument("--optimizers", default="sgd,adagrad")
@@ -141,36 +153,73 @@ def write_results(out: str, stem: str, table: str, payload: dict) -> None:
         f.write(table + "\n")
 
 
-def _row(run, rep, single, dp) -> dict:
-    sps = rep["warm_samples_per_second"]
-    emb, rss = rep["epochs"][-1]["embedding_bytes"], rep["epochs"][-1]["peak_rss_bytes"]
+def _repeat(rep: dict, seconds: float) -> dict:
+    """What one repeat of a run measured (kept whole in the JSON)."""
+    last = rep["epochs"][-1]
+    return {"warm_samples_per_second": rep["warm_samples_per_second"],
+            "first_epoch_samples_per_second": rep["first_epoch_samples_per_second"],
+            "time_to_first_step": rep["time_to_first_step"],
+            "warm_steps": sum(e["steps"] for e in rep["epochs"][1:]),
+            "warm_step_seconds": rep.get("warm_step_seconds"),
+            "peak_rss_per_rank": last["peak_rss_bytes"], "final_loss": last["loss"],
+            "val_auc": last["val_auc"], "seconds": seconds}
+
+
+def _row(run, reps, single, dp) -> dict:
+    """One configuration's row from its repeats ``[(report, seconds)]``: medians, spread,
+    ratios between medians."""
+    first = reps[0][0]
+    repeats = [_repeat(rep, seconds) for rep, seconds in reps]
+    median = lambda key: statistics.median(r[key] for r in repeats)  # noqa: E731
+    sps = [r["warm_samples_per_second"] for r in repeats]
+    emb = first["epochs"][-1]["embedding_bytes"]
+    rss = [max(r["peak_rss_per_rank"][i] for r in repeats) for i in range(len(emb))]
     row = {"run": run["name"], "optimizer": run["optimizer"], "ranks": run["ranks"],
-           "warm_samples_per_second": sps,
-           "first_epoch_samples_per_second": rep["first_epoch_samples_per_second"],
-           "time_to_first_step": rep["time_to_first_step"],
+           "warm_samples_per_second": median("warm_samples_per_second"),
+           "warm_min": min(sps), "warm_max": max(sps),
+           "warm_spread": (max(sps) - min(sps)) / statistics.median(sps),
+           "warm_steps": repeats[0]["warm_steps"],
+           "warm_step_median": statistics.median(
+               r["warm_step_seconds"]["median"] for r in repeats)
+           if all(r["warm_step_seconds"] for r in repeats) else None,
+           "slowest_step": max((r["warm_step_seconds"] or {}).get("max", 0) for r in repeats),
+           "first_epoch_samples_per_second": median("first_epoch_samples_per_second"),
+           "time_to_first_step": median("time_to_first_step"),
            "embedding_bytes_per_rank": emb, "peak_rss_per_rank": rss,
-           "embedding_fraction": max(emb) / rep["total_embedding_bytes"],
-           "final_loss": rep["epochs"][-1]["loss"], "val_auc": rep["epochs"][-1]["val_auc"]}
+           "embedding_fraction": max(emb) / first["total_embedding_bytes"],
+           "final_loss": repeats[0]["final_loss"], "val_auc": repeats[0]["val_auc"],
+           "repeats": repeats}
+    # a step's samples over the median step: speed without the rare long stalls
+    row["steady_samples_per_second"] = (first["global_batch"] / row["warm_step_median"]
+                                        if row["warm_step_median"] else None)
     for key, ref in (("single", single), ("data_parallel", dp)):
         if ref is not None:
-            row[f"x_{key}"] = sps / ref["warm_samples_per_second"]
+            row[f"x_{key}"] = row["warm_samples_per_second"] / ref["warm_samples_per_second"]
+            if row["steady_samples_per_second"] and ref["steady_samples_per_second"]:
+                row[f"steady_x_{key}"] = (row["steady_samples_per_second"]
+                                          / ref["steady_samples_per_second"])
             row[f"rss_x_{key}"] = max(rss) / max(ref["peak_rss_per_rank"])
-            row[f"first_step_x_{key}"] = rep["time_to_first_step"] / ref["time_to_first_step"]
+            row[f"first_step_x_{key}"] = row["time_to_first_step"] / ref["time_to_first_step"]
     return row
 
 
 def markdown(rows: list[dict]) -> str:
-    """The results as a markdown table."""
-    head = ("| run | opt | ranks | warm samples/s | x single | x data-parallel | 1st epoch "
-            "samples/s | time to 1st step (s) | emb bytes/rank (max, share) | peak RSS/rank "
-            "(max) | RSS x data-parallel | val AUC |")
+    """The results as a markdown table (speeds: median over repeats, min-max beside)."""
+    head = ("| run | opt | ranks | warm samples/s (median) | min-max (spread) | x single | "
+            "x data-parallel | steady samples/s (batch / median step) | steady x single | "
+            "slowest step (ms) | 1st epoch samples/s | time to 1st step (s) | emb bytes/rank "
+            "(max, share) | peak RSS/rank (max) | RSS x data-parallel | val AUC |")
     lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for r in rows:
         lines.append(
             f"| {r['run']} | {r['optimizer']} | {r['ranks']} | "
-            f"{fmt(r['warm_samples_per_second'], ',.0f')} | {fmt(r.get('x_single'), '.2f')} | "
+            f"{fmt(r['warm_samples_per_second'], ',.0f')} | "
+            f"{r['warm_min']:,.0f}-{r['warm_max']:,.0f} ({r['warm_spread']:.0%}) | "
+            f"{fmt(r.get('x_single'), '.2f')} | "
             f"{fmt(r.get('x_data_parallel'), '.2f')} | "
+            f"{fmt(r.get('steady_samples_per_second'), ',.0f')} | "
+            f"{fmt(r.get('steady_x_single'), '.2f')} | {r.get('slowest_step', 0) * 1e3:,.0f} | "
             f"{fmt(r['first_epoch_samples_per_second'], ',.0f')} | "
             f"{fmt(r['time_to_first_step'], '.1f')} | "
             f"{human_bytes(max(r['embedding_bytes_per_rank']))} "
@@ -179,8 +228,43 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _label(r) -> str:
+    rep = f", repeat {r['repeat'] + 1}" if "repeat" in r else ""
+    return f"{r['name']} ({r['optimizer']}, {r['ranks']} rank(s){rep})"
+
+
+def _breakdowns(args, runs, rows, failed) -> dict:
+    """``{optimizer: breakdown}`` of the first ``horovod/<strategy>`` run of each optimizer
+    (two launches of :mod:`~merlin_models_de.apps.step_breakdown`: distributed, compute)."""
+    found = {}
+    if args.breakdown_iterations < 1 or args.np < 2:
+        return found
+    target = f"horovod/{args.strategies.split(',')[0]}"
+    for run in runs:
+        if run["name"] != target:
+            continue
+        parts = [{"name": f"breakdown-{part}", "optimizer": run["optimizer"],
+                  "ranks": run["ranks"], "part": part,
+                  "args": run["args"] + ["--part", part, "--iterations",
+                                         str(args.breakdown_iterations)]}
+                 for part in step_breakdown.PARTS]
+        reports = {r["part"]: rep for r, rep, _ in finished_runs(
+            "merlin_models_de.apps.step_breakdown", parts, args,
+            lambda r: f"{r['name']}-{r['optimizer']}.json", _label, failed)}
+        if len(reports) < len(parts):
+            continue
+        row = rows.get((target, run["optimizer"]))
+        fit_step = (args.batch_size * args.np / row["warm_samples_per_second"]) if row else None
+        found[run["optimizer"]] = {
+            "run": target, **step_breakdown.combine(
+                reports["distributed"], reports["compute"], fit_step,
+                row and row["warm_step_median"]), "reports": reports}
+    return found
+
+
 def main(argv=None) -> int:
-    """Runs every benchmark in turn; returns non-zero when one failed."""
+    """Runs every benchmark ``--repeats`` times, then the step breakdowns; returns non-zero
+    when one failed."""
     quiet_imports()
     args = _parser().parse_args(argv)
     for s in args.strategies.split(","):
@@ -188,23 +272,35 @@ def main(argv=None) -> int:
             print(f"error: unknown strategy. Received: --strategies={args.strategies!r}",
                   file=sys.stderr)
             return 2
+    if args.repeats < 1:
+        print(f"error: --repeats must be >= 1. Received: --repeats={args.repeats}",
+              file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
-    rows, failed, refs = [], [], {}
+    runs = _runs(args)
+    failed, done = [], {(r["name"], r["optimizer"]): [] for r in runs}
+    repeated = [{**r, "repeat": k} for k in range(args.repeats) for r in runs]
     for run, rep, seconds in finished_runs(
-            "merlin_models_de.apps.dlrm", _runs(args), args,
-            lambda r: f"{r['name'].replace('/', '_')}-{r['optimizer']}.json",
-            lambda r: f"{r['name']} ({r['optimizer']}, {r['ranks']} rank(s))", failed):
+            "merlin_models_de.apps.dlrm", repeated, args,
+            lambda r: f"{r['name'].replace('/', '_')}-{r['optimizer']}-{r['repeat'] + 1}.json",
+            _label, failed):
+        done[(run["name"], run["optimizer"])].append((rep, seconds))
+        print(f"   {rep['warm_samples_per_second']:,.0f} samples/s warm, first step after "
+              f"{rep['time_to_first_step']:.1f} s, run {seconds:.0f} s", flush=True)
+    rows = {}
+    for run in runs:
         key = (run["name"], run["optimizer"])
-        row = _row(run, rep, refs.get(("single", run["optimizer"])),
-                   refs.get(("data-parallel", run["optimizer"])))
-        refs[key] = row
-        rows.append(row)
-        print(f"   {row['warm_samples_per_second']:,.0f} samples/s warm, first step after "
-              f"{row['time_to_first_step']:.1f} s, run {seconds:.0f} s", flush=True)
-    table = markdown(rows)
+        if done[key]:
+            rows[key] = _row(run, done[key], rows.get(("single", run["optimizer"])),
+                             rows.get(("data-parallel", run["optimizer"])))
+    breakdowns = _breakdowns(args, runs, rows, failed)
+    table = "\n\n".join([markdown(list(rows.values()))] + [
+        step_breakdown.markdown(f"{b['run']}, {opt}, {args.np} ranks x {args.batch_size}", b)
+        for opt, b in breakdowns.items()])
     print(table)
     write_results(args.out, "bench", table, {
-        "config": vars(args), "rows": rows, "failed": failed,
+        "config": vars(args), "rows": list(rows.values()), "breakdown": breakdowns,
+        "failed": failed,
         "command": "python -m merlin_models_de.bench " + " ".join(argv or sys.argv[1:])})
     return 1 if failed else 0
 

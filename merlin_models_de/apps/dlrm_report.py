@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 
 import tensorflow as tf
@@ -41,6 +42,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         self._batches = 0  # this epoch's: a resumed epoch runs only its remaining batches
         self.global_batch = args.batch_size * comm.size()
         self._t0 = self._last = None
+        self.warm_steps = []  # seconds of each step after the first epoch (batch end to end)
         self._supports_tf_logs = True  # logs are read once per epoch: no per-step numpy copy
 
     def placement(self) -> str:
@@ -60,7 +62,10 @@ class EpochReport(tf.keras.callbacks.Callback):
         self._t0, self._batches = time.perf_counter(), 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._last = time.perf_counter()
+        now = time.perf_counter()
+        if self.epochs:  # warm: the first epoch traces and initializes
+            self.warm_steps.append(now - (self._t0 if self._batches == 0 else self._last))
+        self._last = now
         self._batches += 1
         if self.first_step is None:
             self.first_step = self.phases["first_step"] = self._last - self.started
@@ -96,9 +101,24 @@ class EpochReport(tf.keras.callbacks.Callback):
                 "first_epoch_samples_per_second":
                     self.epochs[0]["samples_per_second"] if self.epochs else None,
                 "warm_samples_per_second": warm_sps,
+                # per step (a step's first batch counts from its epoch's start): the median
+                # is the steady step, the mean adds each epoch's start
+                "warm_step_seconds": _spread(self.warm_steps),
+                "warm_step_times": [round(t, 6) for t in self.warm_steps],  # finds stalls
                 "total_embedding_bytes": sum(t.rows * t.dim * 4 for t in self.block.tables)
                 if plan is not None else embedding_bytes(self.block),
                 "epochs": self.epochs, "plan": plan.to_dict() if plan is not None else None}
+
+
+def _spread(seconds: list) -> dict | None:
+    """Median, mean, min, max and 90th percentile of ``seconds`` (None when empty)."""
+    if not seconds:
+        return None
+    ordered = sorted(seconds)
+    return {"median": statistics.median(ordered), "mean": statistics.fmean(ordered),
+            "min": ordered[0], "max": ordered[-1],
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+            "steps": len(ordered)}
 
 
 def _get(logs, key):

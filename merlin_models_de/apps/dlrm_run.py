@@ -86,6 +86,11 @@ def _optimizer(args):
     return {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam}[args.optimizer](lr)
 
 
+def metrics() -> list:
+    """The metrics the command compiles with (every training step updates them)."""
+    return [tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryCrossentropy(name="logloss")]
+
+
 def _equal_steps(loader, name) -> int:
     """Steps per epoch every rank can take (ranks with more batches stop early, said aloud)."""
     counts = comm.allgather_object(len(loader), name=f"mmde_dlrm_steps_{name}")
@@ -189,9 +194,7 @@ def run(args, started: float, callbacks=()) -> dict:
     model, emb = _model(args, schema)
     model(sample_batch(schema))
     phases["model_built"] = time.perf_counter() - started
-    model.compile(optimizer=_optimizer(args),
-                  metrics=[tf.keras.metrics.AUC(name="auc"),
-                           tf.keras.metrics.BinaryCrossentropy(name="logloss")])
+    model.compile(optimizer=_optimizer(args), metrics=metrics())
     epoch, done, resumed = _restore(args, model, steps, size)
     reporter = EpochReport(args, emb, steps, threads, started, phases, resumed=resumed)
     if rank == 0:

@@ -3,6 +3,7 @@ checkpoint resume, export, a parquet directory with unequal partitions, the benc
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -245,7 +246,8 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "merlin_models_de.bench", "--np", "2", "--rows", "2048",
          "--batch-size", "64", "--epochs", "2", "--max-table-rows", "1000", "--dim", "8",
-         "--optimizers", "sgd", "--out", out],
+         "--optimizers", "sgd", "--repeats", "2", "--breakdown-iterations", "5",
+         "--out", out],
         capture_output=True, text=True, timeout=1200, env=ENV, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
     result = json.load(open(os.path.join(out, "bench.json"), encoding="utf-8"))
@@ -259,5 +261,30 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path):
                                                   / dp["warm_samples_per_second"])
     assert dp["embedding_fraction"] == pytest.approx(1.0)
     assert mp["embedding_fraction"] <= 0.55
+    for row in rows.values():  # every repeat kept; the median between its extremes
+        speeds = [r["warm_samples_per_second"] for r in row["repeats"]]
+        assert len(speeds) == 2 and row["warm_steps"] == 16
+        assert row["warm_samples_per_second"] == pytest.approx(statistics.median(speeds))
+        assert row["warm_min"] <= row["warm_samples_per_second"] <= row["warm_max"]
+        assert (row["warm_min"], row["warm_max"]) == (min(speeds), max(speeds))
+        steps = row["repeats"][0]["warm_step_seconds"]
+        assert steps["steps"] == 16 and 0 < steps["min"] <= steps["median"] <= steps["max"]
+        # the mean step is the warm speed's
+        assert steps["mean"] == pytest.approx(128 / row["repeats"][0]["warm_samples_per_second"])
+        assert row["steady_samples_per_second"] == pytest.approx(128 / row["warm_step_median"])
+    parts = result["breakdown"]["sgd"]
+    assert set(parts["parts"]) == {"compute", "ids_exchange", "vectors_forward",
+                                   "vectors_backward", "dense_allreduce", "validation"}
+    assert all(v >= 0 for v in parts["parts"].values()) and parts["other_waiting"] >= 0
+    assert parts["step"] > 0 and parts["fit_step"] > 0
+    assert parts["gap"] == pytest.approx(parts["step"] - sum(parts["parts"].values()))
+    assert parts["reports"]["distributed"]["pieces"]["step"]["calls"] == 5
+    fit = parts["fit"]
+    assert fit["loader"] >= 0 and fit["fit_median"] == pytest.approx(
+        rows["horovod/memory_optimized"]["warm_step_median"])
+    assert fit["train_step"] + fit["loader"] + fit["rest"] + fit["epoch_starts"] == \
+        pytest.approx(fit["fit_step"])
     table = open(os.path.join(out, "bench.md"), encoding="utf-8").read()
     assert all(f"| {name} |" in table for name in rows)
+    assert "Step breakdown, horovod/memory_optimized, sgd" in table
+    assert "| dense gradient allreduce |" in table
