@@ -19,9 +19,11 @@ Example:
 from __future__ import annotations
 
 import abc
+import zlib
 from typing import Callable, ClassVar
 
 import numpy as np
+
 import tensorflow as tf
 
 from merlin_models_de import comm, compat
@@ -74,7 +76,10 @@ class EmbeddingBackend(abc.ABC):
         """
         if self._built:
             return
-        self.prefix = f"mmde_{layer.name}".replace("/", "_")
+        # the block's name and tables (the same on every rank): two blocks of one name (a
+        # two-tower model's towers, each "embeddings") must not share collective names
+        tables = ",".join(sorted(t.name for t in self.plan.tables)).encode()
+        self.prefix = f"mmde_{layer.name}_{zlib.crc32(tables):08x}".replace("/", "_")
         self.dtype = tf.as_dtype(layer.dtype or "float32")
         if not tf.config.list_logical_devices("GPU"):  # device memory is not known up front
             check_fits(self.plan, self.dtype.size, comm.local_size(), host_memory_bytes())
