@@ -173,8 +173,8 @@ def install_output_hooks(accepts, tie) -> None:
 def install_top_k_encoder_hook(top_k_layer) -> None:
     """Lets ``RetrievalModelV2.to_top_k_encoder()`` (no candidate dataset) work when the
     model's output is tied to a table no rank holds whole (idempotent): where
-    ``top_k_layer(output, k)`` gives a Merlin ``TopKLayer`` (else None: Merlin's own path,
-    which reads the output's whole table), the encoder scores that layer instead."""
+    ``top_k_layer(model, candidates, k)`` gives a Merlin ``TopKLayer`` (else None: Merlin's
+    own path), the encoder scores that layer instead; it may also raise, refusing the call."""
     ensure_supported()
     from merlin.models.tf.core.encoder import TopKEncoder
     from merlin.models.tf.models.base import RetrievalModelV2
@@ -187,7 +187,7 @@ def install_top_k_encoder_hook(top_k_layer) -> None:
     @functools.wraps(original)
     def to_top_k_encoder(self, candidates=None, candidate_id=Tags.ITEM_ID,
                          strategy="brute-force-topk", k=10, **kwargs):
-        layer = top_k_layer(self.last, k) if candidates is None else None
+        layer = top_k_layer(self, candidates, k)
         if layer is None:
             return original(self, candidates, candidate_id, strategy, k, **kwargs)
         target = self.encoder._schema.select_by_tag(candidate_id).first.name

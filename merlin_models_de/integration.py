@@ -153,10 +153,28 @@ class MerlinHooks:
         return save_single_process(model, original, *args, **kwargs)
 
 
+def top_k_encoder_layer(model, candidates, k):
+    """``to_top_k_encoder``'s top-k layer: :class:`~merlin_models_de.topk.ShardedTopK` over
+    an output tied to a sharded table, None for Merlin's own path. Refused on every rank at
+    once (no collective needed): encoding a candidate dataset under horovodrun, which
+    Merlin does with dask, partition by partition, not in step across ranks."""
+    if candidates is None:
+        return sharded_top_k_layer(model.last, k)
+    if MerlinHooks.active(model):
+        raise ValueError(
+            "to_top_k_encoder(candidates) encodes the candidate dataset through the "
+            "DistributedEmbeddings block with dask, which does not keep the ranks in step "
+            f"({comm.size()} ranks). Save the model (model.save: a single-process copy) and "
+            "build the top-k encoder from it in one process, or, for an output tied to the "
+            "block's table, call to_top_k_encoder() without candidates. Received: "
+            f"candidates={type(candidates).__name__}")
+    return None
+
+
 def install() -> None:
     """Installs :class:`MerlinHooks` and the tied-output translation into Merlin (idempotent;
     inert for other models)."""
     compat.install_merlin_hooks(MerlinHooks)
     compat.install_output_hooks(lambda to_call: isinstance(to_call, TableHandle),
                                 tie_to_handle)
-    compat.install_top_k_encoder_hook(sharded_top_k_layer)
+    compat.install_top_k_encoder_hook(top_k_encoder_layer)

@@ -194,3 +194,21 @@ def test_a_saved_model_with_the_sharded_tied_output_reloads_and_scores_the_same(
     assert output.to_call.table.block is loaded_block
     got = loaded.predict(tr.dataset(x, y, PER_RANK), verbose=0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_to_top_k_encoders_layer_on_several_ranks(hvd):
+    """``to_top_k_encoder()`` of a model tied to a sharded table scores it with ShardedTopK;
+    with a candidate dataset (encoded by Merlin through dask, not in step across ranks) it is
+    refused on every rank at once, naming the way out."""
+    from merlin_models_de.integration import top_k_encoder_layer
+    from merlin_models_de.topk import ShardedTopK
+
+    model, block = tr.build_model(dict(LAYOUTS["row_sliced"], block="de", bias=True))
+    layer = top_k_encoder_layer(model, None, 7)
+    assert isinstance(layer, ShardedTopK) and layer.table is block["item"]
+    assert layer._k == 7 and layer.bias_table == "item_output_bias"
+    with pytest.raises(ValueError, match=r"to_top_k_encoder\(candidates\) encodes the candidate "
+                                         r"dataset.*\(2 ranks\).*Received: candidates=str"):
+        top_k_encoder_layer(model, "a dataset", 7)
+    got = comm.allgather(tf.constant([comm.rank()]), name="after_top_k_refusal").numpy()
+    np.testing.assert_array_equal(got, np.arange(comm.size()))
