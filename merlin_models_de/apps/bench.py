@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
     ap.add_argument("--epochs", type=int, default=4, help="1 cold + the rest warm")
     ap.add_argument("--repeats", type=int, default=3, help="runs of every configuration")
+    ap.add_argument("--steps-per-execution", type=int, default=1,
+                    help="the DLRM command's --steps-per-execution, for every run")
     ap.add_argument("--breakdown-iterations", type=int, default=50,
                     help="timed calls per piece of the step breakdown (0: no breakdown)")
     ap.add_argument("--dim", type=int, default=16)
@@ -74,7 +76,8 @@ def _runs(args) -> list[dict]:
     runs = []
     for opt in args.optimizers.split(","):
         base = ["--rows", str(args.rows), "--epochs", str(args.epochs), "--dim", str(args.dim),
-                "--optimizer", opt, "--quiet"]
+                "--optimizer", opt, "--quiet",
+                "--steps-per-execution", str(args.steps_per_execution)]
         if args.max_table_rows:
             base += ["--max-table-rows", str(args.max_table_rows)]
         lr = LEARNING_RATES[opt]

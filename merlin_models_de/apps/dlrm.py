@@ -58,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
     model.add_argument("--epochs", type=int, default=1)
     model.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
+    model.add_argument("--steps-per-execution", type=int, default=1,
+                       help="training steps per call into TensorFlow (Keras compile's "
+                            "steps_per_execution: less per-step Python and host work)")
     model.add_argument("--learning-rate", type=float, default=None,
                        help="per-rank rate (Merlin multiplies it by the world size)")
     place = ap.add_argument_group("placement")
@@ -84,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
 def check_options(args) -> str | None:
     """The first problem with the options themselves, or None; the same on every rank."""
     size = world()[0]
-    for name in ("rows", "batch_size", "epochs", "dim"):
+    for name in ("rows", "batch_size", "epochs", "dim", "steps_per_execution"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1. Received: {getattr(args, name)}"
     for name in ("valid_rows", "max_table_rows", "checkpoint_every", "checkpoint_keep",

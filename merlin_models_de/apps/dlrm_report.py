@@ -63,10 +63,14 @@ class EpochReport(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
+        # with steps_per_execution > 1 Keras calls this once per execution, ``batch`` being
+        # its last step: each of its steps gets an equal share of its time
+        steps = max(1, batch + 1 - self._batches)
         if self.epochs:  # warm: the first epoch traces and initializes
-            self.warm_steps.append(now - (self._t0 if self._batches == 0 else self._last))
+            took = now - (self._t0 if self._batches == 0 else self._last)
+            self.warm_steps += [took / steps] * steps
         self._last = now
-        self._batches += 1
+        self._batches += steps
         if self.first_step is None:
             self.first_step = self.phases["first_step"] = self._last - self.started
 

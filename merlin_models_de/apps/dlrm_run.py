@@ -194,7 +194,8 @@ def run(args, started: float, callbacks=()) -> dict:
     model, emb = _model(args, schema)
     model(sample_batch(schema))
     phases["model_built"] = time.perf_counter() - started
-    model.compile(optimizer=_optimizer(args), metrics=metrics())
+    model.compile(optimizer=_optimizer(args), metrics=metrics(),
+                  steps_per_execution=args.steps_per_execution)
     epoch, done, resumed = _restore(args, model, steps, size)
     reporter = EpochReport(args, emb, steps, threads, started, phases, resumed=resumed)
     if rank == 0:

@@ -31,6 +31,7 @@ def _run(args, ranks=1, timeout=600, env=None):
 @pytest.mark.parametrize("argv, message", [
     (["--strategy", "fastest"], "argument --strategy: invalid choice: 'fastest'"),
     (["--batch-size", "0"], "--batch-size must be >= 1. Received: 0"),
+    (["--steps-per-execution", "0"], "--steps-per-execution must be >= 1. Received: 0"),
     (["--optimizer", "lamb"], "argument --optimizer: invalid choice: 'lamb'"),
     (["--rows", "100", "--batch-size", "512"], "--rows must hold at least one global batch"),
     (["--valid-dir", "/tmp"], "--valid-dir needs --train-dir"),
@@ -110,11 +111,14 @@ def test_single_process_run_checkpoint_resume_and_export(tmp_path):
 def test_two_ranks_hold_half_the_tables_each(tmp_path):
     report_path = str(tmp_path / "r.json")
     run = _run(["--rows", "2048", "--epochs", "2", "--report", report_path,
-                "--strategy", "memory_balanced", *QUICK], ranks=2)
+                "--strategy", "memory_balanced", "--steps-per-execution", "5", *QUICK], ranks=2)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.count("epoch 2:") == 1  # rank 0 reports
     report = json.load(open(report_path, encoding="utf-8"))
     assert report["world_size"] == 2 and report["global_batch"] == 128
+    # 16 steps an epoch in executions of 5 (5, 5, 5, 1): every step counted once
+    assert [e["steps"] for e in report["epochs"]] == [16, 16]
+    assert len(report["warm_step_times"]) == 16
     per_rank = report["epochs"][-1]["embedding_bytes"]
     assert sum(per_rank) == report["total_embedding_bytes"]
     assert max(per_rank) <= 0.55 * report["total_embedding_bytes"]
