@@ -212,3 +212,23 @@ def test_to_top_k_encoders_layer_on_several_ranks(hvd):
         top_k_encoder_layer(model, "a dataset", 7)
     got = comm.allgather(tf.constant([comm.rank()]), name="after_top_k_refusal").numpy()
     np.testing.assert_array_equal(got, np.arange(comm.size()))
+
+
+def test_steps_per_execution_trains_as_one_step_per_call(hvd):
+    """Keras' ``steps_per_execution`` runs several steps (each with its exchanges) in one
+    call: the same losses and tables as one step per call, on every rank."""
+    n, r = comm.size(), comm.rank()
+    data = comm.broadcast_object(tr.make_data(n * PER_RANK * 6, seed=17))
+    x, y = tr.split_xy(data, tr.rank_rows(n * PER_RANK * 6, PER_RANK, n, r))
+    runs = []
+    for steps in (1, 4):  # 6 steps: one execution of 4, then one of 2
+        model, block = tr.build_model(dict(LAYOUTS["row_sliced"], block="de"))
+        model.compile(optimizer=tr.optimizer("adagrad", 0.3), steps_per_execution=steps)
+        history = model.fit(tr.dataset(x, y, PER_RANK), epochs=2, verbose=0)
+        runs.append((history.history["loss"], tr.snapshot(model, block)))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-6)
+    for key, value in runs[0][1].items():
+        np.testing.assert_allclose(runs[1][1][key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+    assert not np.allclose(runs[0][1]["table/item"],
+                           tr.build_model(dict(LAYOUTS["row_sliced"], block="de"))[1]
+                           .get_global_weights()["item"])
