@@ -42,8 +42,8 @@ class ShardedTopK(TopKLayer):
         table: a table handle (``block["item_id"]``) or a table name (bound to the latest
             block holding it, as when loading).
         k: items per query (Merlin's ``TopKLayer`` ``k``).
-        bias_table: name of a per-item bias table laid out like ``table`` (the tied output's
-            ``use_bias``; see :mod:`merlin_models_de.output_bias`), or None.
+        bias_table: a per-item bias table laid out like ``table`` (the tied output's
+            ``use_bias``; see :mod:`merlin_models_de.output_bias`): its handle or name, or None.
         chunk_rows: table rows scored at a time.
     """
 
@@ -58,8 +58,11 @@ class ShardedTopK(TopKLayer):
         if int(k) < 1:
             raise ValueError(f"ShardedTopK needs k >= 1. Received: k={k!r}")
         object.__setattr__(self, "table", table)  # untracked: its block owns it
-        object.__setattr__(self, "bias", latest_table(bias_table) if bias_table else None)
-        self.bias_table, self.chunk_rows = bias_table, int(chunk_rows)
+        if isinstance(bias_table, str):  # by name: the latest block holding it (loading)
+            bias_table = latest_table(bias_table)
+        object.__setattr__(self, "bias", bias_table)
+        self.bias_table = bias_table.name if bias_table is not None else None
+        self.chunk_rows = int(chunk_rows)
 
     @classmethod
     def from_output(cls, output, k: int = 10, **kwargs) -> "ShardedTopK":
@@ -70,7 +73,8 @@ class ShardedTopK(TopKLayer):
                                                               TableHandle):
             raise TypeError("from_output takes an output tied to a DistributedEmbeddings "
                             f"table. Received: {type(output).__name__}")
-        bias = tied.bias_block.tables[0].name if tied.bias_block is not None else None
+        block = tied.bias_block  # its own bias, not the latest block of that name
+        bias = block[block.tables[0].name] if block is not None else None
         return cls(tied.table, k=k, bias_table=bias, chunk_rows=tied.chunk_rows, **kwargs)
 
     def index(self, candidates, identifiers=None):
