@@ -23,7 +23,7 @@ def configure_threads(cpu_threads: int | None) -> int:
     return threads
 
 
-def _datasets(args, size, rank):
+def datasets_for(args, size, rank):
     """(schema, train loader, valid loader or None) for this rank."""
     import merlin.models.tf as mm
     from merlin.io import Dataset
@@ -55,7 +55,7 @@ def _datasets(args, size, rank):
     return schema, local(args.rows, args.seed), valid
 
 
-def _model(args, schema):
+def model_for(args, schema):
     import merlin.models.tf as mm
     from merlin.schema import Tags
 
@@ -80,7 +80,7 @@ def _model(args, schema):
     return model, emb
 
 
-def _optimizer(args):
+def optimizer_for(args):
     legacy = tf.keras.optimizers.legacy
     lr = args.learning_rate or LEARNING_RATES[args.optimizer]
     return {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam}[args.optimizer](lr)
@@ -91,7 +91,7 @@ def metrics() -> list:
     return [tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryCrossentropy(name="logloss")]
 
 
-def _equal_steps(loader, name) -> int:
+def equal_steps_for(loader, name) -> int:
     """Steps per epoch every rank can take (ranks with more batches stop early, said aloud)."""
     counts = comm.allgather_object(len(loader), name=f"mmde_dlrm_steps_{name}")
     if min(counts) < 1:
@@ -143,7 +143,7 @@ def resume_point(step: int, steps: int, epochs: int) -> tuple[int, int]:
     return (epochs, 0) if epoch >= epochs else (epoch, done)
 
 
-def _restore(args, model, steps, size):
+def restore_for(args, model, steps, size):
     """Restores ``--checkpoint-dir`` if it holds a checkpoint; returns (epoch, batches done,
     what the report records)."""
     from merlin_models_de.checkpoint import latest_checkpoint, restore_checkpoint
@@ -184,19 +184,19 @@ def run(args, started: float, callbacks=()) -> dict:
 
     phases = {"imports": time.perf_counter() - started}
     size, rank = comm.size(), comm.rank()
-    schema, train, valid = _datasets(args, size, rank)
+    schema, train, valid = datasets_for(args, size, rank)
     phases["data"] = time.perf_counter() - started
-    steps = _equal_steps(train, "train")
-    valid_steps = _equal_steps(valid, "valid") if valid is not None else None
+    steps = equal_steps_for(train, "train")
+    valid_steps = equal_steps_for(valid, "valid") if valid is not None else None
     # same initial weights for the same --seed (the broadcast then evens dense weights out;
     # the rank offset keeps one rank's shards from repeating another's values)
     tf.keras.utils.set_random_seed(args.seed + rank)
-    model, emb = _model(args, schema)
+    model, emb = model_for(args, schema)
     model(sample_batch(schema))
     phases["model_built"] = time.perf_counter() - started
-    model.compile(optimizer=_optimizer(args), metrics=metrics(),
+    model.compile(optimizer=optimizer_for(args), metrics=metrics(),
                   steps_per_execution=args.steps_per_execution)
-    epoch, done, resumed = _restore(args, model, steps, size)
+    epoch, done, resumed = restore_for(args, model, steps, size)
     reporter = EpochReport(args, emb, steps, threads, started, phases, resumed=resumed)
     if rank == 0:
         print(reporter.placement())

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.apps.dlrm_report import embedding_bytes, peak_rss_bytes
-from merlin_models_de.apps.dlrm_run import (RestOfEpoch, _equal_steps, _optimizer, _restore,
-                                           configure_threads)
+from merlin_models_de.apps.dlrm_run import (RestOfEpoch, configure_threads, equal_steps_for,
+                                           optimizer_for, restore_for)
 from merlin_models_de.apps.next_item_data import ITEM, make_sessions, session_schema
 from merlin_models_de.apps.synthetic import rank_rows
 from merlin_models_de.tables import human_bytes
@@ -98,10 +98,10 @@ def _parquet(args, size, rank):
 
     schema, train = loader(args.train_dir)
     valid = loader(args.valid_dir)[1]
-    return (schema, train, _equal_steps(train, "train"), valid, _equal_steps(valid, "valid"))
+    return (schema, train, equal_steps_for(train, "train"), valid, equal_steps_for(valid, "valid"))
 
 
-def _model(args, schema):
+def model_for(args, schema):
     """(model, embedding block, the model whose evaluate gives full-catalog top-k: the model
     itself with the softmax, else a twin sharing its layers with a full-softmax output)."""
     import merlin.models.tf as mm
@@ -201,7 +201,7 @@ def _resume(args, model, schema, steps, size):
     if not (args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir)):
         return 0, 0, None
     model(sample_batch(schema))  # restoring writes into the variables: create them first
-    return _restore(args, model, steps, size)
+    return restore_for(args, model, steps, size)
 
 
 def _rest_of_epoch(train, skip: int, steps: int):
@@ -235,10 +235,10 @@ def run(args, started: float) -> dict:
     schema, train_ds, steps, valid_ds, valid_steps = data(args, size, rank)
     phases["data"] = time.perf_counter() - started
     tf.keras.utils.set_random_seed(args.seed + rank)
-    model, emb, catalog_model = _model(args, schema)
-    model.compile(optimizer=_optimizer(args))
+    model, emb, catalog_model = model_for(args, schema)
+    model.compile(optimizer=optimizer_for(args))
     if catalog_model is not model:  # evaluate only; its optimizer never steps
-        catalog_model.compile(optimizer=_optimizer(args))
+        catalog_model.compile(optimizer=optimizer_for(args))
     pre = mm.SequencePredictLast(schema=schema, target=args.item_column)
     start, done, resumed = _resume(args, model, schema, steps, size)
     if rank == 0:

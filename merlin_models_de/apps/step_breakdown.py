@@ -77,11 +77,11 @@ def _batch(args, batches: int = 1):
     """(schema, this rank's training loader, its first batch: features, targets); the
     loader holds ``batches`` more (the ids are those of a run, only fewer rows are made)."""
     from merlin_models_de import comm
-    from merlin_models_de.apps.dlrm_run import _datasets
+    from merlin_models_de.apps.dlrm_run import datasets_for
 
     args.valid_rows = 0
     args.rows = args.batch_size * comm.size() * (batches + 2)
-    schema, train, _ = _datasets(args, comm.size(), comm.rank())
+    schema, train, _ = datasets_for(args, comm.size(), comm.rank())
     len(train)  # Merlin's loader: back to its first batch
     x, y = next(train)
     return schema, train, x, y
@@ -92,13 +92,13 @@ def _built(args, schema):
     import tensorflow as tf
 
     from merlin_models_de import comm
-    from merlin_models_de.apps.dlrm_run import _model, _optimizer, metrics
+    from merlin_models_de.apps.dlrm_run import model_for, optimizer_for, metrics
     from merlin_models_de.export import sample_batch
 
     tf.keras.utils.set_random_seed(args.seed + comm.rank())
-    model, block = _model(args, schema)
+    model, block = model_for(args, schema)
     model(sample_batch(schema))
-    model.compile(optimizer=_optimizer(args), metrics=metrics())  # as the command: same step
+    model.compile(optimizer=optimizer_for(args), metrics=metrics())  # as the command: same step
     return model, block
 
 
@@ -168,14 +168,14 @@ def distributed_pieces(args) -> dict:
 def compute_pieces(args) -> dict:
     """``{"compute": [seconds per call]}``: the step with the block in one-process mode."""
     from merlin_models_de import comm
-    from merlin_models_de.apps.dlrm_run import _optimizer
+    from merlin_models_de.apps.dlrm_run import optimizer_for
 
     schema, _, x, y = _batch(args)
     args.validate_ids = False
     with comm.single_process():
         model, _ = _built(args, schema)
         # Merlin's compile wrapped the optimizer in Horovod's (it sees N ranks): unwrap
-        model.optimizer = _optimizer(args)
+        model.optimizer = optimizer_for(args)
         step = _train_step(model)
         for _ in range(args.warmup):
             step(x, y)
