@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -34,6 +35,13 @@ def ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers like '128,64', got {text!r}")
     return values
+
+
+def write_json(path: str | None, payload) -> None:
+    """Writes ``payload`` as indented JSON to ``path`` (nothing when ``path`` is None)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=1)
 
 
 def world() -> tuple[int, int, int]:
