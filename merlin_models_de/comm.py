@@ -123,17 +123,25 @@ def alltoall(tensor, splits, name=None):
     h = hvd()
     if h is None or h.size() == 1:
         return tensor, splits
-    if name is None:
+    if name is None and tensor.dtype != tf.bfloat16:
         return h.alltoall(tensor, splits=splits)
     received_splits = []
 
+    def move(x, sizes, op_name):
+        # Horovod's all-to-all has no bfloat16; it only moves bytes, so move the bits
+        if x.dtype != tf.bfloat16:
+            return h.alltoall(x, splits=sizes, name=op_name, ignore_name_scope=bool(op_name))
+        out, rsplits = h.alltoall(tf.bitcast(x, tf.uint16), splits=sizes, name=op_name,
+                                  ignore_name_scope=bool(op_name))
+        return tf.bitcast(out, tf.bfloat16), rsplits
+
     @tf.custom_gradient
     def exchange(x):
-        out, rsplits = h.alltoall(x, splits=splits, name=name, ignore_name_scope=True)
+        out, rsplits = move(x, splits, name)
         received_splits.append(rsplits)
 
         def grad(dy):
-            back, _ = h.alltoall(dy, splits=rsplits, name=name + "_grad", ignore_name_scope=True)
+            back, _ = move(dy, rsplits, name and name + "_grad")
             return back
 
         return out, grad

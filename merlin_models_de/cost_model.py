@@ -253,7 +253,8 @@ def _hotness_of(feature: FeatureSpec, hotness) -> float:
 
 def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[FeatureSpec] | None = None,
                hotness: float | Mapping[str, float] | None = None, dtype_bytes: int = 4,
-               dense_params: int = 0, allreduce_rounds: int = 1) -> StepCosts:
+               dense_params: int = 0, allreduce_rounds: int = 1,
+               exchange_bytes: int | None = None) -> StepCosts:
     """The collectives of one training step of the horovod backend (see the module docstring).
 
     Args:
@@ -267,6 +268,8 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
         dense_params: Parameters of the rest of the model (allreduced every step).
         allreduce_rounds: Fused allreduce rounds the dense gradients take (Horovod packs
             gradients ready in one cycle into one buffer).
+        exchange_bytes: Bytes per element of the model-parallel rows exchanges (the block's
+            ``exchange_dtype``: 2 for float16 / bfloat16); None: ``dtype_bytes``.
 
     Returns:
         A :class:`StepCosts`; no collectives on one rank. Byte counts are rounded down.
@@ -276,11 +279,13 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
     """
     for name, value, least in (("batch_size", batch_size, 1), ("dtype_bytes", dtype_bytes, 1),
                                ("dense_params", dense_params, 0),
-                               ("allreduce_rounds", allreduce_rounds, 1)):
+                               ("allreduce_rounds", allreduce_rounds, 1),
+                               ("exchange_bytes", exchange_bytes or dtype_bytes, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an int >= {least}. Received: {name}={value!r}")
     features = tuple(feature_order(plan.tables) if features is None else features)
     n, b, d = plan.world_size, batch_size, dtype_bytes
+    x = exchange_bytes or d  # rows of model-parallel tables (row-sliced partials stay d)
     if n == 1:
         return StepCosts(n, b, ())
     routing = Routing.build(plan, features)
@@ -300,13 +305,13 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
     widths = [routing.width(o) for o in range(n)]
     if sum(widths):
         # owner o sends every rank B x width(o): matrix[o][dst]
-        c = _alltoall("vectors", "fwd", [[b * widths[o] * d] * n for o in range(n)])
+        c = _alltoall("vectors", "fwd", [[b * widths[o] * x] * n for o in range(n)])
         fwd.append(c)
         bwd.append(_reverse(c))
     if any(routing.sequences(o) for o in range(n)):
         rows = [sum(ids_of(features[l.feature]) * l.shard.cols for _, l in routing.sequences(o))
                 for o in range(n)]
-        c = _alltoall("sequences", "fwd", [[rows[o] * d] * n for o in range(n)])
+        c = _alltoall("sequences", "fwd", [[rows[o] * x] * n for o in range(n)])
         fwd.append(c)
         bwd.append(_reverse(c))
     for f in features:

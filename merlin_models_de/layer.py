@@ -20,6 +20,7 @@ from merlin_models_de import comm, compat, integration
 from merlin_models_de import regularization as reg
 from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.validate import ordered_inputs
+from merlin_models_de.backends.wire import exchange_dtype_name
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import placed_like
 from merlin_models_de.planner import plan as make_plan
@@ -69,6 +70,11 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
             ``horovod`` or ``distributed-embeddings``.
         validate_ids: Fail with the feature and id when an id is outside its table (default);
             False skips the check for speed (TF's gather silently returns zeros on GPUs).
+        exchange_dtype: ``"float16"`` or ``"bfloat16"``: looked-up rows and their gradients
+            cross ranks in that dtype (half the bytes of float32), rounded once each way;
+            one process rounds them the same, so it still reproduces N ranks. Rows of
+            data-parallel and row-sliced tables are not rounded. None (default): the
+            block's dtype. ``horovod`` backend only.
 
     Example:
         >>> emb = DistributedEmbeddings(schema, dim=16)  # doctest: +SKIP
@@ -85,7 +91,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
                  l2_batch_regularization_factor=0.0, input_length=None, strategy="basic",
                  column_slice_threshold=None, row_slice_threshold=None,
                  data_parallel_threshold=None, backend="auto", validate_ids=True,
-                 name="embeddings", **kwargs):
+                 exchange_dtype=None, name="embeddings", **kwargs):
         compat.ensure_supported()
         integration.install()
         _check_unsupported(activity_regularizer=activity_regularizer, table_cls=table_cls,
@@ -120,14 +126,15 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
         self.options = dict(strategy=strategy, column_slice_threshold=column_slice_threshold,
                             row_slice_threshold=row_slice_threshold,
                             data_parallel_threshold=data_parallel_threshold)
-        self.backend_name = resolve(backend, self.features)
+        self.exchange_dtype = exchange_dtype_name(exchange_dtype)
+        self.backend_name = resolve(backend, self.features, self.exchange_dtype)
         self.validate_ids = validate_ids
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         self.plan = make_plan(self.tables, self.world_size, **self.options)
         reg.check_regularizers(self.table_regularizers, self.plan)
         self.backend = create(self.backend_name, self.plan, self.features, self.rank,
-                              validate_ids=validate_ids)
+                              validate_ids=validate_ids, exchange_dtype=self.exchange_dtype)
         if self.backend_name != "horovod" and len(set(self.table_trainable.values())) > 1:
             frozen = sorted(t for t, on in self.table_trainable.items() if not on)
             raise NotImplementedError(
@@ -234,7 +241,8 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
                                               tf.keras.regularizers),
             trainable=_plain(self._trainable_option),
             l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
-            input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids, **self.options)
+            input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids,
+            exchange_dtype=self.exchange_dtype, **self.options)
         return config
 
     @classmethod
@@ -255,7 +263,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
                              f"{' and is built' if self.built else ''}.")
         self.plan = placed_like(plan, table, self.tables[0])
         self.backend = create(self.backend_name, self.plan, self.features, self.rank,
-                              validate_ids=self.validate_ids)
+                              validate_ids=self.validate_ids, exchange_dtype=self.exchange_dtype)
 
     def summary(self, optimizer: str = "sgd") -> str:
         """The placement summary, with the backend that runs it."""

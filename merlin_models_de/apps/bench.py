@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="the DLRM command's --steps-per-execution, for every run")
     ap.add_argument("--breakdown-iterations", type=int, default=50,
                     help="timed calls per piece of the step breakdown (0: no breakdown)")
+    ap.add_argument("--exchange-dtypes", default="",
+                    help="comma list (float16, bfloat16): also run the first horovod "
+                         "strategy with that --exchange-dtype")
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--max-table-rows", type=int, default=None)
     ap.add_argument("--optimizers", default="sgd,adagrad")
@@ -97,6 +100,9 @@ def _runs(args) -> list[dict]:
                 if backend == "horovod" and i == 0:
                     runs.append({"name": f"{backend}/{strategy}/no-validation", "optimizer": opt,
                                  "ranks": n, "args": place + ["--no-validate-ids"]})
+                    runs += [{"name": f"{backend}/{strategy}/{dtype}", "optimizer": opt,
+                              "ranks": n, "args": place + ["--exchange-dtype", dtype]}
+                             for dtype in filter(None, args.exchange_dtypes.split(","))]
     return [r for r in runs if r["name"].split("/")[-1] not in skip and r["name"] not in skip]
 
 

@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="mean ids per sample of multi-hot features: one number, or "
                          "feature=h,... (default: the schema's value_count max, else min)")
     ap.add_argument("--dtype-bytes", type=int, default=4, choices=(2, 4, 8))
+    ap.add_argument("--exchange-dtype", default=None, choices=("float16", "bfloat16"),
+                    help="the block's exchange_dtype: rows cross ranks in 2 bytes")
     ap.add_argument("--links", default=",".join(DEFAULT_LINKS),
                     help=f"comma separated, of {', '.join(sorted(LINKS))}")
     ap.add_argument("--json", default=None, help="also write the collectives here")
@@ -171,7 +173,8 @@ def main(argv=None) -> int:
                      data_parallel_threshold=args.data_parallel_threshold)
             costs = step_costs(p, batch, features=features, hotness=hotness,
                                dtype_bytes=args.dtype_bytes, dense_params=dense,
-                               allreduce_rounds=args.allreduce_rounds)
+                               allreduce_rounds=args.allreduce_rounds,
+                               exchange_bytes=2 if args.exchange_dtype else None)
             print(f"{args.dataset}: {len(features)} features in {len(tables)} tables, dim "
                   f"{args.dim}, {args.strategy}; {n} ranks x {batch:,} = {n * batch:,} samples "
                   f"per step; {dense:,} dense parameters; bytes per step")

@@ -34,6 +34,7 @@ from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.schemas import synthetic_dataset_names
 
 STARTED = time.perf_counter()
+EXCHANGE_DTYPES = ("float16", "bfloat16")  # the block's exchange_dtype values (no TF here)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     place.add_argument("--data-parallel-threshold", type=int, default=None)
     place.add_argument("--backend", default="auto", choices=BACKEND_NAMES)
     place.add_argument("--no-validate-ids", dest="validate_ids", action="store_false")
+    place.add_argument("--exchange-dtype", default=None, choices=EXCHANGE_DTYPES,
+                       help="rows and their gradients cross ranks in this dtype (half the "
+                            "bytes; horovod backend)")
     out = ap.add_argument_group("output")
     out.add_argument("--checkpoint-dir", default=None, help="save each epoch; resume from it")
     out.add_argument("--checkpoint-every", type=int, default=None, help="also every N steps")
@@ -113,6 +117,9 @@ def check_options(args) -> str | None:
         if args.rows < args.batch_size * size:
             return (f"--rows must hold at least one global batch (batch size {args.batch_size} "
                     f"x {size} ranks). Received: --rows={args.rows}")
+    if args.exchange_dtype and args.backend == "distributed-embeddings":
+        return ("--exchange-dtype needs --backend horovod or auto. Received: "
+                f"--exchange-dtype={args.exchange_dtype} --backend=distributed-embeddings")
     try:
         validate_options(size, args.strategy, args.column_slice_threshold,
                          args.row_slice_threshold, args.data_parallel_threshold)

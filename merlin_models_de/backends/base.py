@@ -29,6 +29,7 @@ import tensorflow as tf
 from merlin_models_de import comm, compat
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
 from merlin_models_de.backends.validate import check_headers, local_problems
+from merlin_models_de.backends.wire import exchange_dtype_name
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_local
 
@@ -41,13 +42,16 @@ class EmbeddingBackend(abc.ABC):
         features: The ordered feature list (the input list order).
         rank: This process's rank.
         validate_ids: Count ids outside their table as problems (see ``validate``).
+        exchange_dtype: The float looked-up rows and their gradients cross ranks in (see
+            :mod:`.wire`); None: the block's dtype.
     """
 
     name: ClassVar[str] = "base"
 
-    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True):
+    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True,
+                 exchange_dtype: str | None = None):
         features = tuple(features)
-        problem = self.unsupported(features)
+        problem = self.unsupported(features, exchange_dtype)
         if problem is not None:
             raise NotImplementedError(problem)
         self.plan: ShardingPlan = plan
@@ -55,15 +59,17 @@ class EmbeddingBackend(abc.ABC):
         self.rank: int = rank
         self.world_size: int = plan.world_size
         self.validate_ids = validate_ids
+        self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.tables = {t.name: t for t in plan.tables}
         self.prefix = "mmde"
         self.dtype = tf.float32  # the layer's variable dtype, set by build()
         self._built = False
 
     @classmethod
-    def unsupported(cls, features) -> str | None:
-        """Why this backend cannot run ``features`` (a message naming the feature), or None."""
-        del features
+    def unsupported(cls, features, exchange_dtype=None) -> str | None:
+        """Why this backend cannot run ``features`` with ``exchange_dtype`` (a message naming
+        the feature or option), or None."""
+        del features, exchange_dtype
         return None
 
     # ---- variables -------------------------------------------------------------------------

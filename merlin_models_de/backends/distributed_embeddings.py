@@ -92,14 +92,20 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
 
     name = "distributed-embeddings"
 
-    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True):
-        super().__init__(plan, features, rank, validate_ids=validate_ids)
+    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True,
+                 exchange_dtype: str | None = None):
+        super().__init__(plan, features, rank, validate_ids=validate_ids,
+                         exchange_dtype=exchange_dtype)
         self.names = [t.name for t in plan.tables]
         self.input_table_map = [self.names.index(f.table) for f in self.features]
         self.de = None
 
     @classmethod
-    def unsupported(cls, features):
+    def unsupported(cls, features, exchange_dtype=None):
+        if exchange_dtype is not None:
+            return ("backend='distributed-embeddings' exchanges rows in the block's dtype only; "
+                    "use backend='horovod' (or 'auto') for a narrower exchange. Received: "
+                    f"exchange_dtype={exchange_dtype!r}")
         for f in features:
             if f.multi_hot:
                 return (f"Multi-hot features are not supported by "

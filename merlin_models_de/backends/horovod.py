@@ -21,6 +21,7 @@ from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.backends.routing import Routing
 from merlin_models_de.backends.table_lookup import lookup_ids
+from merlin_models_de.backends.wire import from_wire, to_wire
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 
 
@@ -29,8 +30,10 @@ class HorovodBackend(EmbeddingBackend):
 
     name = "horovod"
 
-    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True):
-        super().__init__(plan, features, rank, validate_ids=validate_ids)
+    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True,
+                 exchange_dtype: str | None = None):
+        super().__init__(plan, features, rank, validate_ids=validate_ids,
+                         exchange_dtype=exchange_dtype)
         self.routing = Routing.build(plan, self.features)
         self.mp: dict = {}  # table -> this rank's model-parallel shard (table or column slice)
         self.dp: dict = {}  # table -> replicated variable
@@ -207,8 +210,10 @@ class HorovodBackend(EmbeddingBackend):
             flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled], axis=1), [-1])
         else:
             flat = self.empty_send()
-        received, _ = comm.alltoall(flat, tf.fill([n], b * widths[self.rank]) + after,
+        received, _ = comm.alltoall(to_wire(flat, self.exchange_dtype),
+                                    tf.fill([n], b * widths[self.rank]) + after,
                                     name=self.collective_name("vectors"))
+        received = from_wire(received, self.dtype)
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
             mine = [(k, l.shard.cols) for k, l in enumerate(r.served[j]) if not l.sequence]
             pieces = tf.split(chunk, [b * c for _, c in mine]) if mine else []
@@ -227,7 +232,9 @@ class HorovodBackend(EmbeddingBackend):
                 per_dest[j].append(tf.reshape(block, [-1]))
             splits += per_rank * cols
         flat = tf.concat([t for dest in per_dest for t in dest], 0) if mine else self.empty_send()
-        received, _ = comm.alltoall(flat, splits + after, name=self.collective_name("sequences"))
+        received, _ = comm.alltoall(to_wire(flat, self.exchange_dtype), splits + after,
+                                    name=self.collective_name("sequences"))
+        received = from_wire(received, self.dtype)
         sizes = {}  # (owner, served index) -> flat size of my rows
         for j in range(n):
             for k, l in r.sequences(j):

@@ -64,7 +64,7 @@ def backend_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def resolve(backend: str, features=()) -> str:
+def resolve(backend: str, features=(), exchange_dtype=None) -> str:
     """The backend that runs ``features``: ``auto`` picks the first one in preference order
     that imports and supports every feature (distributed-embeddings, then horovod).
 
@@ -77,12 +77,14 @@ def resolve(backend: str, features=()) -> str:
     if backend != AUTO:
         return backend
     for name in _CLASSES:
-        if is_importable(name) and backend_class(name).unsupported(features) is None:
+        if (is_importable(name)
+                and backend_class(name).unsupported(features, exchange_dtype) is None):
             return name
     return "horovod"
 
 
-def create(name: str, plan, features, rank: int, validate_ids: bool = True):
+def create(name: str, plan, features, rank: int, validate_ids: bool = True,
+           exchange_dtype=None):
     """Instantiates the (already resolved) backend ``name`` for this rank."""
     check_name(name)
     if not is_importable(name):
@@ -91,4 +93,5 @@ def create(name: str, plan, features, rank: int, validate_ids: bool = True):
             "(scripts/install_distributed_embeddings.sh installs it on GPU machines); "
             "backend='auto' falls back to 'horovod'. Received: backend="
             f"{name!r}")
-    return backend_class(name)(plan, features, rank, validate_ids=validate_ids)
+    return backend_class(name)(plan, features, rank, validate_ids=validate_ids,
+                               exchange_dtype=exchange_dtype)

@@ -111,6 +111,24 @@ def test_sequence_feature_sends_one_row_per_id():
     ]
 
 
+def test_narrow_exchange_halves_the_model_parallel_rows_only():
+    # a: the only model-parallel table, so column sliced (4 columns per rank, 2-byte rows);
+    # r: row sliced (4-byte partial rows)
+    tables = [one_hot("a"), one_hot("r", rows=1000)]
+    p = plan(tables, 2, row_slice_threshold=8000)
+    costs = step_costs(p, B, exchange_bytes=2)
+    assert summary(costs) == [
+        ("ids", "alltoall", "fwd", (96, 96), (96, 96), 48),
+        ("vectors", "alltoall", "fwd", (64, 64), (64, 64), 32),  # 2 ranks * 4 * 4 cols * 2
+        ("rw_r_ids", "allgather", "fwd", (32, 32), (64, 64), 32),
+        ("rw_r_vectors", "alltoall", "fwd", (256, 256), (256, 256), 128),  # 2 * 4 * 8 * 4
+        ("rw_r_vectors", "alltoall", "bwd", (256, 256), (256, 256), 128),
+        ("vectors", "alltoall", "bwd", (64, 64), (64, 64), 32),
+    ]
+    full = step_costs(p, B)
+    assert [c.wire for c in full.collectives] == [48, 64, 32, 128, 128, 64]
+
+
 def test_one_rank_has_no_collectives():
     costs = step_costs(plan([one_hot("a")], 1), B, dense_params=10)
     assert costs.count == 0 and predict(costs, LINKS["nvlink-nccl"]) == 0

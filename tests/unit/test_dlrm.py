@@ -45,6 +45,10 @@ def _run(args, ranks=1, timeout=600, env=None):
                                  "Received: --checkpoint-keep=2"),
     (["--checkpoint-dir", "ckpt", "--checkpoint-keep", "0"],
      "--checkpoint-keep must be >= 1. Received: --checkpoint-keep=0"),
+    (["--exchange-dtype", "int8"], "argument --exchange-dtype: invalid choice: 'int8'"),
+    (["--exchange-dtype", "float16", "--backend", "distributed-embeddings"],
+     "--exchange-dtype needs --backend horovod or auto. Received: --exchange-dtype=float16 "
+     "--backend=distributed-embeddings"),
     pytest.param(["--backend", "distributed-embeddings"], "needs NVIDIA distributed-embeddings",
                  marks=pytest.mark.skipif(importlib.util.find_spec("distributed_embeddings") is not None,
                                           reason="distributed-embeddings is installed")),

@@ -8,6 +8,7 @@ import tensorflow as tf
 from merlin.schema import Schema
 
 from merlin_models_de import comm
+from merlin_models_de.planner import MODEL_PARALLEL
 from tests.unit.helpers import cat
 
 OPTIMIZERS = {
@@ -67,25 +68,35 @@ def global_tables(tables, seed):
     return {t.name: rng.normal(0, 0.5, (t.rows, t.dim)).astype(np.float32) for t in tables}
 
 
-def reference_forward(variables, features, inputs, layers=None):
+def reference_forward(variables, features, inputs, layers=None, wire=None):
     """``layers``: ``{feature: layer}`` applied to a list feature's un-pooled rows (a Keras
-    layer given as ``sequence_combiner``)."""
+    layer given as ``sequence_combiner``). ``wire``: ``(dtype, feature names)``: those
+    features' rows (pooled, before any layer) and their gradients rounded to ``dtype``, as a
+    block with ``exchange_dtype`` rounds what crosses ranks."""
     out = {}
     for f in features:
-        value = inputs[f.name]
-        if f.multi_hot and f.combiner is None:
-            out[f.name] = tf.gather(variables[f.table], value)  # ragged [B, None, dim]
-            if layers and f.name in layers:
-                out[f.name] = layers[f.name](out[f.name])
-        elif f.multi_hot:
-            out[f.name] = tf.nn.embedding_lookup_sparse(
-                variables[f.table], value.to_sparse(), None, combiner=f.combiner)
-            # TF drops trailing empty rows; pad back to the batch
-            missing = value.nrows() - tf.shape(out[f.name], out_type=tf.int64)[0]
-            out[f.name] = tf.pad(out[f.name], [[0, missing], [0, 0]])
-        else:
-            out[f.name] = tf.gather(variables[f.table], tf.squeeze(value, -1))
+        out[f.name] = _reference_rows(variables, f, inputs[f.name])
+        if wire and f.name in wire[1]:
+            rows = out[f.name]
+            rounded = lambda t: tf.cast(tf.cast(t, wire[0]), t.dtype)  # noqa: E731
+            out[f.name] = (rows.with_flat_values(rounded(rows.flat_values))
+                           if isinstance(rows, tf.RaggedTensor) else rounded(rows))
+        if layers and f.name in layers:
+            out[f.name] = layers[f.name](out[f.name])
     return out
+
+
+def _reference_rows(variables, f, value):
+    """One feature's rows: pooled ``[B, dim]``, or ragged ``[B, None, dim]`` un-pooled."""
+    if f.multi_hot and f.combiner is None:
+        return tf.gather(variables[f.table], value)
+    if f.multi_hot:
+        pooled = tf.nn.embedding_lookup_sparse(variables[f.table], value.to_sparse(), None,
+                                               combiner=f.combiner)
+        # TF drops trailing empty rows; pad back to the batch
+        missing = value.nrows() - tf.shape(pooled, out_type=tf.int64)[0]
+        return tf.pad(pooled, [[0, missing], [0, 0]])
+    return tf.gather(variables[f.table], tf.squeeze(value, -1))
 
 
 def loss_fn(outputs, features, probes, targets):
@@ -117,7 +128,7 @@ def make_probes(features, tables, seed):
 
 
 def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targets,
-                  extra_loss=None, frozen=(), layers=None):
+                  extra_loss=None, frozen=(), layers=None, wire=None):
     """One process, global batch: returns (first outputs, per-step losses, final tables).
 
     ``extra_loss(variables, outputs)`` is added to the loss (regularization, as Keras adds
@@ -126,12 +137,12 @@ def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targe
     """
     variables = {name: tf.Variable(a) for name, a in arrays.items()}
     inputs = select(batch, 0, n_total)
-    first = dict(reference_forward(variables, block.features, inputs, layers))
+    first = dict(reference_forward(variables, block.features, inputs, layers, wire))
     opt, losses = OPTIMIZERS[optimizer](), []
     trained = [v for name, v in variables.items() if name not in frozen]
     for _ in range(steps):
         with tf.GradientTape() as tape:
-            outputs = reference_forward(variables, block.features, inputs, layers)
+            outputs = reference_forward(variables, block.features, inputs, layers, wire)
             loss = loss_fn(outputs, block.features, probes, tf.constant(targets, tf.float32))
             if extra_loss is not None:
                 loss += extra_loss(variables, outputs)
@@ -173,6 +184,15 @@ def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, ta
     return first, losses, block.get_global_weights()
 
 
+def exchanged_rows(block):
+    """``(dtype, features)`` the block rounds in its exchange (see ``reference_forward``):
+    those of model-parallel tables, when it has an ``exchange_dtype``."""
+    if block.exchange_dtype is None:
+        return None
+    return block.exchange_dtype, {f.name for f in block.features
+                                  if block.plan.kind_of(f.table) in MODEL_PARALLEL}
+
+
 def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), layers=None,
                           graph=False, per_rank=16, steps=3):
     """Forward, per-step total losses and trained tables equal one process on the global batch;
@@ -186,9 +206,14 @@ def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), la
     batch = global_batch(block.features, tables, total, seed + 1)
     probes = make_probes(block.features, tables, seed + 2)
     targets = np.random.default_rng(seed + 3).normal(size=total).astype(np.float32)
+    wire = exchanged_rows(block)
     ref_first, ref_losses, ref_tables = run_reference(
         block, arrays, batch, total, optimizer, steps, probes, targets,
-        extra_loss=extra_loss, frozen=frozen, layers=layers)
+        extra_loss=extra_loss, frozen=frozen, layers=layers, wire=wire)
+    if wire:  # the rounding is real: the unrounded reference trains differently
+        exact = run_reference(block, arrays, batch, total, optimizer, steps, probes, targets,
+                              extra_loss=extra_loss, frozen=frozen, layers=layers)[1]
+        assert not np.allclose(exact, ref_losses, rtol=1e-5, atol=0), (exact, ref_losses)
     first, losses, got_tables = run_distributed(
         block, arrays, batch, per_rank, optimizer, steps, probes, targets, graph=graph)
     for name, want in ref_first.items():
@@ -200,7 +225,7 @@ def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), la
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"forward {name}")
     if extra_loss is not None:  # the regularization is a real share of the loss it checks
         main = run_reference(block, arrays, batch, total, optimizer, 1, probes,
-                                    targets, frozen=frozen, layers=layers)[1][0]
+                             targets, frozen=frozen, layers=layers, wire=wire)[1][0]
         assert ref_losses[0] > 1.05 * main, (ref_losses[0], main)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6,
                                err_msg="total loss per step (main + regularization)")

@@ -55,6 +55,19 @@ def test_graph_mode_training_matches_the_oracle(hvd, optimizer):
     oracle.assert_matches_oracle(make_block(**options), optimizer, seed=11, graph=True)
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("exchange_dtype,case", [
+    ("float16", PLACEMENTS[0]), ("bfloat16", PLACEMENTS[5]), ("bfloat16", PLACEMENTS[-1])],
+    ids=["float16-basic", "bfloat16-optimized-column", "bfloat16-everything"])
+def test_narrow_exchange_matches_the_oracle_rounding_the_same_rows(hvd, exchange_dtype, case,
+                                                                   graph):
+    """Rows and their gradients cross ranks in float16 / bfloat16: N ranks == one process
+    whose model-parallel rows are rounded the same (data-parallel and row-sliced: not)."""
+    block = make_block(exchange_dtype=exchange_dtype, **case[1])
+    oracle.assert_matches_oracle(block, "adagrad", seed=sum(map(ord, exchange_dtype + case[0])),
+                                 graph=graph)
+
+
 def test_each_rank_holds_only_its_share(hvd):
     block = make_block(strategy="memory_optimized", column_slice_threshold=4000)
     block(oracle.select(oracle.global_batch(block.features, block.tables, 4, 0), 0, 4))

@@ -1,0 +1,42 @@
+"""The dtype looked-up rows travel in between ranks (the block's ``exchange_dtype``).
+
+Rows cross the all-to-all in a narrower float and are widened on arrival; their gradients
+go back the same way (TF's cast gradient narrows them). Each row is rounded exactly once each
+way, at the same point whatever the world size (one process rounds too), so N ranks still
+train as one process on the global batch does.
+
+Example:
+    >>> exchange_dtype_name("bfloat16")
+    'bfloat16'
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+EXCHANGE_DTYPES = ("float16", "bfloat16")
+
+
+def exchange_dtype_name(value) -> str | None:
+    """``value`` (None, a name or a ``tf.DType``) as a name from EXCHANGE_DTYPES, or None.
+
+    Raises ValueError naming the option and the value received.
+    """
+    if value is None:
+        return None
+    name = value.name if isinstance(value, tf.DType) else value
+    if name not in EXCHANGE_DTYPES:
+        raise ValueError(f"exchange_dtype must be None (rows travel in the block's dtype) or "
+                         f"one of {list(EXCHANGE_DTYPES)}. Received: exchange_dtype={value!r}")
+    return name
+
+
+def to_wire(x, name: str | None):
+    """``x`` narrowed to the exchange dtype (unchanged when None or already narrower)."""
+    if name is None or x.dtype.size <= tf.as_dtype(name).size:
+        return x
+    return tf.cast(x, name)
+
+
+def from_wire(x, dtype):
+    """``x`` back in the block's ``dtype``."""
+    return x if x.dtype == dtype else tf.cast(x, dtype)
