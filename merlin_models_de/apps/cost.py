@@ -20,6 +20,7 @@ import sys
 
 from merlin_models_de.apps.cli import ints, write_json
 from merlin_models_de.apps.console import quiet_imports
+from merlin_models_de.backends.wire import EXCHANGE_DTYPES
 from merlin_models_de.cost_model import (LINKS, dlrm_dense_params, get_link, predict,
                                          step_costs, table_lines)
 from merlin_models_de.planner import STRATEGIES, plan, validate_options
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="mean ids per sample of multi-hot features: one number, or "
                          "feature=h,... (default: the schema's value_count max, else min)")
     ap.add_argument("--dtype-bytes", type=int, default=4, choices=(2, 4, 8))
-    ap.add_argument("--exchange-dtype", default=None, choices=("float16", "bfloat16"),
+    ap.add_argument("--exchange-dtype", default=None, choices=EXCHANGE_DTYPES,
                     help="the block's exchange_dtype: rows cross ranks in 2 bytes")
     ap.add_argument("--links", default=",".join(DEFAULT_LINKS),
                     help=f"comma separated, of {', '.join(sorted(LINKS))}")

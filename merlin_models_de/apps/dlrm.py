@@ -30,11 +30,11 @@ from merlin_models_de.apps.cli import (EMBEDDINGS, OneLineParser, checked_argume
                                        dataset_dir_problem, ints, world)
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
+from merlin_models_de.backends.wire import EXCHANGE_DTYPES
 from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.schemas import synthetic_dataset_names
 
 STARTED = time.perf_counter()
-EXCHANGE_DTYPES = ("float16", "bfloat16")  # the block's exchange_dtype values (no TF here)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -11,7 +11,8 @@ Example:
 """
 from __future__ import annotations
 
-import tensorflow as tf
+# TensorFlow loads on first use only: the commands check their options before it loads
+from merlin_models_de.comm import tf
 
 EXCHANGE_DTYPES = ("float16", "bfloat16")
 
@@ -23,8 +24,8 @@ def exchange_dtype_name(value) -> str | None:
     """
     if value is None:
         return None
-    name = value.name if isinstance(value, tf.DType) else value
-    if name not in EXCHANGE_DTYPES:
+    name = getattr(value, "name", value)  # a tf.DType, or its name
+    if not isinstance(name, str) or name not in EXCHANGE_DTYPES:
         raise ValueError(f"exchange_dtype must be None (rows travel in the block's dtype) or "
                          f"one of {list(EXCHANGE_DTYPES)}. Received: exchange_dtype={value!r}")
     return name
@@ -32,7 +33,7 @@ def exchange_dtype_name(value) -> str | None:
 
 def to_wire(x, name: str | None):
     """``x`` narrowed to the exchange dtype (unchanged when None or already narrower)."""
-    if name is None or x.dtype.size <= tf.as_dtype(name).size:
+    if name is None or x.dtype.size <= 2:  # every EXCHANGE_DTYPES entry is 2 bytes
         return x
     return tf.cast(x, name)
 
