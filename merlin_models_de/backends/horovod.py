@@ -20,6 +20,7 @@ from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.backends.routing import Routing
+from merlin_models_de.backends.shard_init import for_shard
 from merlin_models_de.backends.table_lookup import lookup_ids
 from merlin_models_de.backends.wire import from_wire, to_wire
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
@@ -51,13 +52,19 @@ class HorovodBackend(EmbeddingBackend):
         Criteo's 26 tables); initialization also needs no concatenated copy.
         """
         trains = trainable if callable(trainable) else (lambda _table: trainable)  # per table
+
+        def drawn_like_table(name, shape):  # a slice starts with the whole table's variance
+            spec = self.plan.table(name)
+            return for_shard(initializer(name), (spec.rows, spec.dim), shape)
+
         for s in self.plan.shards_on(self.rank):
             table = self.plan.table(s.table)
             if s.kind in MODEL_PARALLEL:
                 suffix = f"_c{s.col_start}" if s.cols != table.dim else ""
                 self.mp[s.table] = layer.add_weight(
                     name=f"mp_{s.table}{suffix}", shape=(s.rows, s.cols),
-                    initializer=initializer(s.table), trainable=trains(s.table))
+                    initializer=drawn_like_table(s.table, (s.rows, s.cols)),
+                    trainable=trains(s.table))
             elif s.kind is ShardingType.DATA_PARALLEL:
                 self.dp[s.table] = layer.add_weight(
                     name=f"dp_{s.table}", shape=(table.rows, table.dim),
@@ -65,7 +72,8 @@ class HorovodBackend(EmbeddingBackend):
             else:
                 self.rw[s.table] = layer.add_weight(
                     name=f"rw_{s.table}", shape=(s.rows, table.dim),
-                    initializer=initializer(s.table), trainable=trains(s.table))
+                    initializer=drawn_like_table(s.table, (s.rows, table.dim)),
+                    trainable=trains(s.table))
 
         # A rank that sends nothing in an exchange would send a constant, which no gradient
         # tape records; that rank would then skip the exchange's backward all-to-all that
