@@ -238,14 +238,26 @@ def distributed_optimizer(optimizer, is_local):
     ensure_supported()
     comm.hvd()  # initialized
     import horovod.tensorflow.keras as hvd_keras
+    import tensorflow as tf
 
-    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True)
+    # One group: one grouped allreduce behind one tf.cond. Per-gradient allreduces each sit
+    # behind their own tf.cond, whose two branch graphs are traced (twice, as Keras traces
+    # train_function twice) and run as a function call every step.
+    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True, groups=1)
     reduce_grads = wrapped._allreduce_grads  # pylint: disable=protected-access
     allreduce = wrapped._allreduce  # pylint: disable=protected-access
+    # Built eagerly, Horovod's reduce function is a tf.function; inside Keras' train_function
+    # it would be traced as a nested function, and autograph would rewrite Horovod's source
+    # first (~1 s of the first step). Its ops need no conversion: graphs inline them as is.
+    inline_reduce = tf.autograph.experimental.do_not_convert(
+        getattr(reduce_grads, "python_function", reduce_grads))
 
     def generic_names(grads, variables=None, use_generic_names=True):
         del use_generic_names
-        return reduce_grads(grads, variables, use_generic_names=True)
+        if all(g is None for g in grads):  # every variable local (or frozen): nothing to reduce
+            return list(grads)
+        reduce = inline_reduce if tf.inside_function() else reduce_grads
+        return reduce(grads, variables, use_generic_names=True)
 
     def register_then_allreduce(grads, variables):
         for var in variables:

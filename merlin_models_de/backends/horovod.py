@@ -122,7 +122,11 @@ class HorovodBackend(EmbeddingBackend):
                     else:
                         parts.append(self._row_sliced(inputs[i], f, batch, n, after))
                 outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
-        return outputs
+        # Every output reads the anchor (adding an exact 0), so it has a gradient (0) on every
+        # rank, also where no send is empty; otherwise Keras warns at each fit that
+        # "Gradients do not exist for variables ['exchange_anchor']".
+        zero = tf.reduce_sum(self.empty_send())
+        return [out + tf.cast(zero, out.dtype) for out in outputs]
 
     def _input_exchange(self, inputs, batch, header, check):
         """Stage 1. Returns per served lookup its ids from all ranks, the header checks, and

@@ -27,3 +27,28 @@ def synthetic(name, rows, max_id=999):
     from merlin_models_de.schemas import synthetic_schema
 
     return generate_data(capped_schema(synthetic_schema(name), max_id), rows)
+
+
+class TFLogRecords:
+    """Context manager: the messages TensorFlow's logger emits inside (Keras' optimizer warns
+    through it, e.g. "Gradients do not exist for variables ...")."""
+
+    def __enter__(self):
+        import logging
+
+        import tensorflow as tf
+
+        self.messages = []
+        outer = self
+
+        class Collect(logging.Handler):
+            def emit(self, record):
+                outer.messages.append(record.getMessage())
+
+        self._handler, self._logger = Collect(), tf.get_logger()
+        self._logger.addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.removeHandler(self._handler)
+        return False

@@ -19,13 +19,18 @@ def build_model(spec):
 
     s = schema()
     tf.keras.utils.set_random_seed(1)
-    return mm.DLRMModel(
+    model = mm.DLRMModel(
         s, embeddings=mm.DistributedEmbeddings(s, dim=8, strategy=spec["strategy"],
                                                column_slice_threshold=spec.get("column"),
                                                backend=spec.get("backend", "auto"),
                                                **spec.get("block_options", {})),
         bottom_block=mm.MLPBlock([8]), top_block=mm.MLPBlock([8]),
         prediction_tasks=mm.BinaryClassificationTask("label"))
+    if spec.get("tables_only"):  # only the tables train: no gradient is allreduced
+        for layer in model.submodules:
+            if isinstance(layer, tf.keras.layers.Dense):
+                layer.trainable = False
+    return model
 
 
 def make_data(rows, seed):

@@ -11,6 +11,8 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.registry import is_importable
+from merlin_models_de.variables import embedding_blocks
+from tests.unit.helpers import TFLogRecords
 from tests.unit.horovod import fit_common as fc
 
 PER_RANK = 32
@@ -38,6 +40,21 @@ def reference(spec, data, tmp, runner="tests.unit.horovod.fit_reference"):
     return result
 
 
+def started_like_reference(spec, tmp_path_factory, seed):
+    """Runs the reference on fresh data; returns it, the model built here with the reference's
+    initial weights, this rank's row indices and its (x, y)."""
+    n, r = comm.size(), comm.rank()
+    data = comm.broadcast_object(fc.make_data(n * PER_RANK * STEPS, seed=seed))
+    ref = reference(spec, data, str(tmp_path_factory.mktemp("ref")))
+    model = fc.build_model(spec)
+    x, y = fc.split_xy(data, spec)
+    rows = fc.rank_rows(len(y), PER_RANK, n, r)
+    x_mine, y_mine = {k: v[rows] for k, v in x.items()}, y[rows]
+    model(fc.take(x_mine, 0, 2))
+    fc.restore(model, ref, "initial")
+    return ref, model, rows, x_mine, y_mine
+
+
 DE = pytest.mark.skipif(not is_importable("distributed-embeddings"),
                         reason="NVIDIA distributed-embeddings does not import here")
 
@@ -49,24 +66,18 @@ DE = pytest.mark.skipif(not is_importable("distributed-embeddings"),
     pytest.param("adam", "basic", None, "distributed-embeddings", marks=DE)])
 def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer, strategy, column,
                                                 backend):
-    n, r = comm.size(), comm.rank()
-    spec = dict(optimizer=optimizer, lr=0.05, strategy=strategy, column=column, world_size=n,
-                per_rank=PER_RANK, backend=backend)
-    data = comm.broadcast_object(fc.make_data(n * PER_RANK * STEPS, seed=3))
-    ref = reference(spec, data, str(tmp_path_factory.mktemp("ref")))
-
-    model = fc.build_model(spec)
-    x, y = fc.split_xy(data, spec)
-    rows = fc.rank_rows(len(y), PER_RANK, n, r)
-    x_mine, y_mine = {k: v[rows] for k, v in x.items()}, y[rows]
-    model(fc.take(x_mine, 0, 2))
-    fc.restore(model, ref, "initial")
+    spec = dict(optimizer=optimizer, lr=0.05, strategy=strategy, column=column,
+                world_size=comm.size(), per_rank=PER_RANK, backend=backend)
+    ref, model, rows, x_mine, y_mine = started_like_reference(spec, tmp_path_factory, seed=3)
     before = model.predict(x_mine, batch_size=PER_RANK, verbose=0)
     np.testing.assert_allclose(before, ref["predictions_before"][rows], rtol=1e-5, atol=1e-6)
     model.compile(optimizer=fc.optimizer(optimizer, spec["lr"]))  # Merlin scales lr by n
     losses = fc.LossRecorder()
-    model.fit(x_mine, y_mine, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
-              callbacks=[losses])
+    with TFLogRecords() as log:
+        model.fit(x_mine, y_mine, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[losses])
+    # every variable gets a gradient on every rank (the exchange anchor reads an exact 0)
+    assert not [m for m in log.messages if "Gradients do not exist" in m], log.messages
 
     final = fc.snapshot(model)
     # Adam divides by sqrt(v): rows with tiny gradients magnify float round-off of the
@@ -84,6 +95,24 @@ def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer
         assert evaluation[name] == pytest.approx(want[name], rel=1e-4, abs=1e-5), name
     predictions = model.predict(x_mine, batch_size=PER_RANK, verbose=0)
     np.testing.assert_allclose(predictions, ref["predictions"][rows], rtol=1e-4, atol=1e-6)
+
+
+def test_only_tables_train_when_every_dense_layer_is_frozen(hvd, tmp_path_factory):
+    """Every trainable variable is a sharded table: the optimizer has no gradient to allreduce
+    (the grouped allreduce is skipped, not run empty) and still equals one process."""
+    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
+                world_size=comm.size(), per_rank=PER_RANK, tables_only=True)
+    ref, model, _, x_mine, y_mine = started_like_reference(spec, tmp_path_factory, seed=5)
+    assert {v.name for v in model.trainable_variables} <= {
+        v.name for b in embedding_blocks(model) for v in b.trainable_variables}
+    model.compile(optimizer=fc.optimizer("adagrad", spec["lr"]))
+    model.fit(x_mine, y_mine, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+    final = fc.snapshot(model)
+    for key, value in final.items():
+        np.testing.assert_allclose(value, ref[f"final/{key}"], rtol=1e-4, atol=1e-5, err_msg=key)
+        if key.startswith("dense/"):
+            np.testing.assert_array_equal(value, ref[f"initial/{key}"], err_msg=key)
+    assert not np.allclose(final["table/C1"], ref["initial/table/C1"])  # the tables trained
 
 
 def test_save_exports_a_single_process_model(hvd, tmp_path_factory):
