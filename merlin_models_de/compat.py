@@ -107,7 +107,7 @@ def install_merlin_hooks(hooks) -> None:
     optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
     ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
     ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
-    ``predict``).
+    ``predict``) and ``before_fit(model)``.
     """
     ensure_supported()
     from merlin.models.tf.models import base as merlin_base
@@ -133,6 +133,7 @@ def install_merlin_hooks(hooks) -> None:
     def fit(self, x=None, *args, **kwargs):
         if hooks.active(self):
             hooks.check_batches(self, "fit", x, kwargs.get("steps_per_epoch"))
+            hooks.before_fit(self)
         return fit_(self, x, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
@@ -283,6 +284,13 @@ def is_horovod_broadcast_callback(callback) -> bool:
 
 
 # ---- Keras ------------------------------------------------------------------------------------
+
+
+def creates_slots_per_variable(optimizer) -> bool:
+    """True for Keras' legacy optimizers (Horovod's wrappers of them included): they create a
+    variable's slots when it first gets a gradient, so slots created ahead of the first step
+    leave room for variables a model creates later. New-style optimizers build once."""
+    return optimizer is not None and hasattr(optimizer, "_create_all_weights")
 
 
 def create_optimizer_slots(optimizer, variables) -> None:

@@ -139,6 +139,20 @@ class MerlinHooks:
                 f"mm.Loader(..., drop_last=True)), or pass {given}={min(known)}.")
 
     @staticmethod
+    def before_fit(model):
+        """Creates the optimizer's slots of a built model before Keras traces its train step.
+        tf.function traces a function again when its first trace created variables, so slots
+        created inside the first step doubled the first step's tracing (a second pass over the
+        whole model, its exchanges and its allreduce)."""
+        if not model.built or not compat.creates_slots_per_variable(
+                getattr(model, "optimizer", None)):
+            return  # an unbuilt model creates its weights in the step anyway
+        try:
+            compat.create_optimizer_slots(model.optimizer, model.trainable_variables)
+        except NotImplementedError:
+            pass  # state Keras creates in the step (a loss scale): left to it
+
+    @staticmethod
     def evaluate(original, model, *args, **kwargs):
         return sync_metric_results(model, original(model, *args, **kwargs))
 

@@ -78,6 +78,8 @@ def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer
                   callbacks=[losses])
     # every variable gets a gradient on every rank (the exchange anchor reads an exact 0)
     assert not [m for m in log.messages if "Gradients do not exist" in m], log.messages
+    # the optimizer's slots existed before the step: Keras traced it once, not twice
+    assert model.train_function.experimental_get_tracing_count() == 1
 
     final = fc.snapshot(model)
     # Adam divides by sqrt(v): rows with tiny gradients magnify float round-off of the
