@@ -234,31 +234,24 @@ def take_local_rows(loader):
 
 def distributed_optimizer(optimizer, is_local):
     """``hvd.DistributedOptimizer`` around ``optimizer`` that registers every variable for
-    which ``is_local(var)`` holds as local, and names its allreduces by position among the
-    allreduced gradients (the same on every rank, so graph-mode steps pair up)."""
+    which ``is_local(var)`` holds as local, and averages the other gradients with
+    :func:`comm.average_gradients` (one grouped allreduce per dtype, named the same on every
+    rank, so graph-mode steps pair up)."""
     ensure_supported()
     comm.hvd()  # initialized
     import horovod.tensorflow.keras as hvd_keras
     import tensorflow as tf
 
-    # One group: one grouped allreduce behind one tf.cond. Per-gradient allreduces each sit
-    # behind their own tf.cond, whose two branch graphs are traced (twice, as Keras traces
-    # train_function twice) and run as a function call every step.
-    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True, groups=1)
-    reduce_grads = wrapped._allreduce_grads  # pylint: disable=protected-access
+    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True)
     allreduce = wrapped._allreduce  # pylint: disable=protected-access
-    # Built eagerly, Horovod's reduce function is a tf.function; inside Keras' train_function
-    # it would be traced as a nested function, and autograph would rewrite Horovod's source
-    # first (~1 s of the first step). Its ops need no conversion: graphs inline them as is.
-    inline_reduce = tf.autograph.experimental.do_not_convert(
-        getattr(reduce_grads, "python_function", reduce_grads))
+    # Horovod's own reduce function puts each gradient's allreduce behind a tf.cond, in a
+    # nested tf.function that autograph rewrites: ~1 s of the first step's tracing, and a
+    # function call per gradient every step. comm's grouped average is plain graph code.
+    average = tf.autograph.experimental.do_not_convert(comm.average_gradients)
 
     def generic_names(grads, variables=None, use_generic_names=True):
-        del use_generic_names
-        if all(g is None for g in grads):  # every variable local (or frozen): nothing to reduce
-            return list(grads)
-        reduce = inline_reduce if tf.inside_function() else reduce_grads
-        return reduce(grads, variables, use_generic_names=True)
+        del variables, use_generic_names
+        return average(grads)
 
     def register_then_allreduce(grads, variables):
         for var in variables:

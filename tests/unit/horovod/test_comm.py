@@ -45,3 +45,29 @@ def test_allgather_allreduce_broadcast(hvd):
     assert comm.allgather_object({"rank": r}) == [{"rank": k} for k in range(n)]
     assert comm.broadcast_object(f"from {r}", root_rank=0) == "from 0"
     comm.barrier()
+
+
+def test_average_gradients_groups_by_dtype_keeps_none_and_densifies_slices(hvd):
+    """Mixed dtypes (a float64 layer next to float32 ones), a missing gradient and an
+    IndexedSlices gradient, eagerly and in a graph: each averaged over ranks, in place."""
+    n, r = comm.size(), comm.rank()
+    mean_rank = (n - 1) / 2
+
+    def grads():
+        return [tf.constant([1.0, 2.0]) * (r + 1), None,
+                tf.constant([[3.0]], tf.float64) * (r + 1),
+                tf.IndexedSlices(tf.constant([[r + 1.0, 1.0]]), tf.constant([r]),
+                                 tf.constant([n, 2]))]
+
+    for run in (lambda: comm.average_gradients(grads()),
+                tf.function(lambda: comm.average_gradients(grads(), prefix="graph_grad"))):
+        a, missing, b, c = run()
+        assert missing is None
+        np.testing.assert_allclose(a.numpy(), np.array([1.0, 2.0]) * (mean_rank + 1))
+        assert b.dtype == tf.float64
+        np.testing.assert_allclose(b.numpy(), [[3.0 * (mean_rank + 1)]])
+        want = np.zeros((n, 2))
+        for k in range(n):
+            want[k] = [(k + 1.0) / n, 1.0 / n]
+        np.testing.assert_allclose(c.numpy(), want)
+    assert comm.average_gradients([None, None]) == [None, None]
