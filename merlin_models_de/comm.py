@@ -166,7 +166,7 @@ def allreduce(tensor, op="average", name=None):
     return h.allreduce(tensor, op=h.Average if op == "average" else h.Sum, name=name)
 
 
-def average_gradients(grads, prefix="grad") -> list:
+def average_gradients(grads, prefix="mmde_grad") -> list:
     """Every gradient averaged over ranks, in one grouped allreduce per dtype (Horovod's grouped
     op takes a single dtype), named ``<prefix>_<dtype>`` on every rank alike. ``None`` stays
     ``None``; ``IndexedSlices`` are averaged dense (the only global ones are data-parallel

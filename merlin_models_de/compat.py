@@ -489,6 +489,20 @@ def keras_names_kept():
         backend.OBSERVED_NAMES.update(observed)
 
 
+def initializer_seeds() -> tuple:
+    """``(base, shared)`` for the shards' initializer seeds, drawn from the generator Keras'
+    unseeded initializers draw from. ``shared`` is the draw from Keras' own generator, the
+    same on every rank after ``set_random_seed`` on every rank, else None; ``base`` is it,
+    or else a draw from Python's ``random`` (this process's own)."""
+    import random
+
+    from keras import backend
+
+    own = getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+    shared = own.randint(1, int(1e9)) if own is not None else None
+    return (shared if shared is not None else random.randint(1, int(1e9))), shared
+
+
 @contextlib.contextmanager
 def same_randomness_on_every_rank(draws: int):
     """Whatever runs inside leaves Keras' seed generators as ``draws`` seeds would.

@@ -144,13 +144,15 @@ class MerlinHooks:
         tf.function traces a function again when its first trace created variables, so slots
         created inside the first step doubled the first step's tracing (a second pass over the
         whole model, its exchanges and its allreduce)."""
-        if not model.built or not compat.creates_slots_per_variable(
-                getattr(model, "optimizer", None)):
+        optimizer = getattr(model, "optimizer", None)
+        # mixed precision: Keras' loss-scale wrapper passes slot creation to the optimizer
+        optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer
+        if not model.built or not compat.creates_slots_per_variable(optimizer):
             return  # an unbuilt model creates its weights in the step anyway
         try:
-            compat.create_optimizer_slots(model.optimizer, model.trainable_variables)
+            compat.create_optimizer_slots(optimizer, model.trainable_variables)
         except NotImplementedError:
-            pass  # state Keras creates in the step (a loss scale): left to it
+            pass  # an optimizer whose state Keras cannot create ahead: left to the step
 
     @staticmethod
     def evaluate(original, model, *args, **kwargs):

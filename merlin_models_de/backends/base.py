@@ -28,7 +28,6 @@ import tensorflow as tf
 
 from merlin_models_de import comm, compat
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
-from merlin_models_de.backends.shard_init import check_sliceable
 from merlin_models_de.backends.validate import check_headers, local_problems
 from merlin_models_de.backends.wire import exchange_dtype_name
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
@@ -90,9 +89,11 @@ class EmbeddingBackend(abc.ABC):
         self.dtype = tf.as_dtype(layer.dtype or "float32")
         if not tf.config.list_logical_devices("GPU"):  # device memory is not known up front
             check_fits(self.plan, self.dtype.size, comm.local_size(), host_memory_bytes())
-        check_sliceable(self.plan, initializer)
         # each rank initializes its own shards; later layers must not start differently
         with compat.same_randomness_on_every_rank(draws=len(self.plan.tables)):
+            # on several ranks each shard gets its own seed (see backends/shard_init.py)
+            self.init_seeds = (compat.initializer_seeds() if self.world_size > 1
+                               else (None, None))
             self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
             mark_local(var)

@@ -53,9 +53,13 @@ class HorovodBackend(EmbeddingBackend):
         """
         trains = trainable if callable(trainable) else (lambda _table: trainable)  # per table
 
-        def drawn_like_table(name, shape):  # a slice starts with the whole table's variance
-            spec = self.plan.table(name)
-            return for_shard(initializer(name), (spec.rows, spec.dim), shape)
+        base_seed, shared_seed = self.init_seeds
+
+        def drawn_like_table(shard, shape):  # its own seed, the whole table's variance
+            spec = self.plan.table(shard.table)
+            return for_shard(initializer(shard.table), (spec.rows, spec.dim), shape,
+                             start=(shard.row_start, shard.col_start), table=shard.table,
+                             base_seed=base_seed, shared_seed=shared_seed)
 
         for s in self.plan.shards_on(self.rank):
             table = self.plan.table(s.table)
@@ -63,7 +67,7 @@ class HorovodBackend(EmbeddingBackend):
                 suffix = f"_c{s.col_start}" if s.cols != table.dim else ""
                 self.mp[s.table] = layer.add_weight(
                     name=f"mp_{s.table}{suffix}", shape=(s.rows, s.cols),
-                    initializer=drawn_like_table(s.table, (s.rows, s.cols)),
+                    initializer=drawn_like_table(s, (s.rows, s.cols)),
                     trainable=trains(s.table))
             elif s.kind is ShardingType.DATA_PARALLEL:
                 self.dp[s.table] = layer.add_weight(
@@ -72,14 +76,14 @@ class HorovodBackend(EmbeddingBackend):
             else:
                 self.rw[s.table] = layer.add_weight(
                     name=f"rw_{s.table}", shape=(s.rows, table.dim),
-                    initializer=drawn_like_table(s.table, (s.rows, table.dim)),
+                    initializer=drawn_like_table(s, (s.rows, table.dim)),
                     trainable=trains(s.table))
 
         # A rank that sends nothing in an exchange would send a constant, which no gradient
         # tape records; that rank would then skip the exchange's backward all-to-all that
         # the others run (a hang). Empty sends read this zero scalar, so every rank records
-        # every exchange. Its gradient is always 0 (or None where unread): it is local, so
-        # never allreduced, and ranks that do not read it allreduce nothing more.
+        # every exchange. Every output also reads it (as an exact 0), so its gradient is
+        # always 0 and exists on every rank; it is local, so never allreduced.
         self.anchor = layer.add_weight(name="exchange_anchor", shape=(), initializer="zeros",
                                        trainable=True)
 

@@ -1,19 +1,27 @@
-"""Initializers for one shard of a table, drawn from the distribution of the whole table.
+"""Initializers for one shard of a table: drawn like the whole table, independent of the others.
 
-A rank initializes only its shards, with the shard's shape. Initializers whose distribution
-does not depend on the shape (``uniform``, ``RandomNormal``, ``TruncatedNormal``, constants)
-give a shard exactly what the whole table would hold there in distribution. Fan-based ones
-(``glorot_*``, ``he_*``, ``lecun_*``, any ``VarianceScaling``) compute their variance from the
-shape, so a row- or column-sliced shard would start wider or narrower than ``mm.Embeddings``'
-table; here their scale is corrected so the variance is the whole table's. Initializers that
-draw the matrix as one object (``Orthogonal``, ``Identity``) cannot be drawn a piece at a time;
-a table split across ranks with one of them is refused.
+A rank initializes only its shards, with the shard's shape. Three things keep that faithful to
+``mm.Embeddings``' whole tables:
+
+- Fan-based initializers (``glorot_*``, ``he_*``, ``lecun_*``, any ``VarianceScaling``)
+  compute their variance from the shape, so a row- or column-slice would start wider or
+  narrower than its table; their scale is corrected so the variance is the whole table's.
+- Seeds. An unseeded Keras initializer takes its seed from Keras' (or Python's) generator at
+  its first call. After ``set_random_seed`` every rank's generator is in the same state, so the
+  k-th shard of one rank and the k-th of another would get the same seed: two halves of a
+  table (or two tables) starting as copies. On several ranks each shard therefore gets its
+  own seed, derived from one base seed (the same on every rank), its table and its offsets.
+- Initializers that draw a matrix as one object (``Orthogonal``, ``Identity``) cannot be
+  drawn a piece at a time: every rank draws the whole table from the table's seed (the same on
+  every rank) and keeps its slice, so the shards are the slices of one whole draw.
 """
 from __future__ import annotations
 
+import zlib
+
 import tensorflow as tf
 
-WHOLE_MATRIX = ("Orthogonal", "Identity")  # class names: no shard can be drawn alone
+WHOLE_MATRIX = (tf.keras.initializers.Orthogonal, tf.keras.initializers.Identity)
 
 
 def _fan(shape, mode: str) -> float:
@@ -22,31 +30,57 @@ def _fan(shape, mode: str) -> float:
     return max(1.0, fan)
 
 
-def check_sliceable(plan, initializer) -> None:
-    """Raises (on every rank: the plan is the same everywhere) if a table that the plan splits
-    has an initializer that only draws whole matrices. ``initializer(table) -> Keras init``."""
-    for table in plan.tables:
-        split = [s for s in plan.shards_of(table.name) if (s.rows, s.cols) != (table.rows, table.dim)]
-        name = type(initializer(table.name)).__name__
-        if split and name in WHOLE_MATRIX:
-            raise ValueError(
-                f"Table {table.name!r} is split across ranks ({split[0].kind.value}, shard "
-                f"{split[0].rows}x{split[0].cols} of {table.rows}x{table.dim}) but its "
-                f"embeddings_initializer {name} draws the whole matrix at once, so no rank can "
-                f"draw its shard alone. Use a shape-independent initializer (e.g. 'uniform', "
-                f"TruncatedNormal) or a plan that keeps this table whole (table-wise).")
+def derived_seed(*parts) -> int:
+    """A seed that depends on every part (ints and names), the same in every process."""
+    return zlib.crc32(":".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
 
 
-def for_shard(initializer, table_shape, shard_shape):
+def _reseeded(initializer, seed: int):
+    """``initializer`` with ``seed`` (unchanged if it takes none: constants, custom callables)."""
+    if not isinstance(initializer, tf.keras.initializers.Initializer):
+        return initializer
+    config = initializer.get_config()
+    if "seed" not in config:
+        return initializer
+    return type(initializer).from_config({**config, "seed": seed})
+
+
+class SliceOfWhole(tf.keras.initializers.Initializer):
+    """Draws the whole ``table_shape`` matrix and returns the slice at ``start``."""
+
+    def __init__(self, initializer, table_shape, start):
+        self.initializer, self.table_shape, self.start = initializer, tuple(table_shape), start
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        whole = self.initializer(self.table_shape, dtype=dtype)
+        (r, c), (rows, cols) = self.start, shape
+        return whole[r:r + rows, c:c + cols]
+
+
+def for_shard(initializer, table_shape, shard_shape, *, start=(0, 0), table="",
+              base_seed=None, shared_seed=None):
     """``initializer`` as it should be called with ``shard_shape`` to draw like the table.
 
-    Unchanged when the shard is the whole table, or when the distribution does not depend on
-    the shape. For ``VarianceScaling`` (Glorot, He, LeCun): a copy whose scale makes
-    ``scale / fan(shard)`` equal the table's ``scale / fan(table)``.
+    Args:
+        initializer: The table's Keras initializer (or any callable).
+        table_shape, shard_shape: ``(rows, dim)`` of the table and of this shard.
+        start: The shard's first ``(row, column)`` in the table.
+        table: The table's name.
+        base_seed: None in one process (the initializer is used as it is, as in
+            ``mm.Embeddings``). On several ranks an int from which each shard's own seed is
+            derived with ``table`` and ``start`` (the initializer's own seed replaces it).
+        shared_seed: An int or None, the same on every rank: whole-matrix initializers of a
+            split table draw the whole table from a seed derived from it (or from their own).
     """
-    if tuple(shard_shape) == tuple(table_shape):
-        return initializer
-    if not isinstance(initializer, tf.keras.initializers.VarianceScaling):
+    own = getattr(initializer, "seed", None)
+    if isinstance(initializer, WHOLE_MATRIX) and tuple(shard_shape) != tuple(table_shape):
+        whole_seed = derived_seed(shared_seed if own is None else own, table)
+        return SliceOfWhole(_reseeded(initializer, whole_seed), table_shape, start)
+    if base_seed is not None:
+        initializer = _reseeded(initializer,
+                                derived_seed(base_seed if own is None else own, table, *start))
+    if (tuple(shard_shape) == tuple(table_shape)
+            or not isinstance(initializer, tf.keras.initializers.VarianceScaling)):
         return initializer
     mode = initializer.mode
     scale = initializer.scale * _fan(shard_shape, mode) / _fan(table_shape, mode)

@@ -1,30 +1,24 @@
 """A shard starts with the distribution of its whole table (fan-based initializers corrected),
-and tables that only whole-matrix initializers can draw are not split."""
+with a seed of its own on several ranks, and whole-matrix initializers give slices of one
+whole draw."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de.backends.shard_init import check_sliceable, for_shard
-from merlin_models_de.planner import ShardingType, plan
-from merlin_models_de.tables import FeatureSpec, TableSpec
-
-
-def specs(*shapes):
-    return [TableSpec(f"t{i}", r, d, (FeatureSpec(f"t{i}", f"t{i}"),))
-            for i, (r, d) in enumerate(shapes)]
+from merlin_models_de.backends.shard_init import SliceOfWhole, for_shard
 
 
 @pytest.mark.parametrize("name, mode, table, shard, scale", [
     ("glorot_uniform", "fan_avg", (64, 64), (64, 32), 96 / 128),  # column slice
     ("glorot_normal", "fan_avg", (4000, 16), (2000, 16), 2016 / 4016),  # row slice
-    ("he_uniform", "fan_in", (4000, 16), (2000, 16), 4.0),  # He: scale 2 x 2000 / 4000
+    ("he_uniform", "fan_in", (4000, 16), (2000, 16), 2000 / 4000),  # He: 2 x 0.5
     ("lecun_normal", "fan_in", (64, 64), (64, 32), 1.0),  # fan_in is the rows: unchanged
 ])
 def test_variance_scaling_gets_the_whole_tables_variance(name, mode, table, shard, scale):
     init = tf.keras.initializers.get(name)
     got = for_shard(init, table, shard)
     assert isinstance(got, tf.keras.initializers.VarianceScaling)
-    expected = init.scale * scale if name != "he_uniform" else 1.0  # he: 2 * 2000/4000
+    expected = init.scale * scale
     assert (got.mode, got.distribution) == (mode, init.distribution)
     assert got.scale == pytest.approx(expected, rel=1e-12)
     # the variance Keras computes from the shard's shape is the table's
@@ -53,15 +47,30 @@ def test_whole_shard_keeps_the_initializer_object():
     assert for_shard(init, (10, 4), (10, 4)) is init
 
 
-def test_orthogonal_on_a_split_table_is_refused():
-    p = plan(specs((4000, 16), (10, 4)), 2, "basic", row_slice_threshold=50_000)
-    assert p.kind_of("t0") is ShardingType.ROW_WISE
-    inits = {"t0": tf.keras.initializers.Orthogonal(), "t1": tf.keras.initializers.Orthogonal()}
-    with pytest.raises(ValueError, match=(
-            r"Table 't0' is split across ranks \(row_wise, shard 2000x16 of 4000x16\) but its "
-            r"embeddings_initializer Orthogonal draws the whole matrix at once")):
-        check_sliceable(p, inits.get)
-    # a table kept whole (t1) may use it
-    whole = plan(specs((10, 4), (12, 4)), 2, "basic", column_slice_threshold=10_000)
-    assert {s.kind for s in whole.shards} == {ShardingType.TABLE_WISE}
-    check_sliceable(whole, inits.get)
+def test_orthogonal_shards_are_slices_of_one_whole_draw():
+    """Two ranks' row halves (same shared seed) stack to one orthogonal 64 x 16 table."""
+    init = tf.keras.initializers.Orthogonal()
+    halves = []
+    for start in ((0, 0), (32, 0)):
+        got = for_shard(init, (64, 16), (32, 16), start=start, table="t", base_seed=11,
+                        shared_seed=5)
+        assert isinstance(got, SliceOfWhole)
+        halves.append(got((32, 16)).numpy())
+    table = np.concatenate(halves)
+    np.testing.assert_allclose(table.T @ table, np.eye(16), atol=1e-5)
+
+
+def test_each_shard_gets_its_own_seed_on_several_ranks():
+    """The same base seed on every rank: shards differ by table and offset, and the same
+    shard draws the same values again (reproducible)."""
+    init = tf.keras.initializers.get("uniform")
+
+    def draw(table, start):
+        return for_shard(init, (64, 8), (32, 8), start=start, table=table,
+                         base_seed=7)((32, 8)).numpy()
+
+    first, second, other = draw("t", (0, 0)), draw("t", (32, 0)), draw("u", (0, 0))
+    assert np.abs(first - second).max() > 0.01 and np.abs(first - other).max() > 0.01
+    np.testing.assert_array_equal(first, draw("t", (0, 0)))
+    # one process (no base seed): the initializer itself, as mm.Embeddings uses it
+    assert for_shard(init, (64, 8), (64, 8)) is init

@@ -39,9 +39,25 @@ def test_glorot_shards_span_the_whole_tables_limit(hvd):
         assert limit * 0.99 < top <= limit * (1 + 1e-6), (shard, top, limit)
 
 
-def test_orthogonal_on_a_split_table_fails_every_rank(hvd):
-    block = make_block({"wide": "uniform", "tall": "orthogonal"})
-    with pytest.raises(ValueError, match=r"Table 'tall' is split across ranks \(row_wise, shard "
-                                         r"2000x16 of 4000x16\).*Orthogonal"):
+def test_shards_are_independent_after_the_same_seed_on_every_rank(hvd):
+    """set_random_seed(3) on both ranks: the halves of each split table still differ (each
+    shard has its own seed), and a second block built the same way starts the same."""
+    tables = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(3)
+        block = make_block("uniform")
         build(block)
-    assert comm.allreduce(tf.constant(1.0), op="sum").numpy() == comm.size()  # nobody hangs
+        tables.append(block.get_global_weights())
+    wide, tall = tables[0]["wide"], tables[0]["tall"]
+    assert np.abs(wide[:, :32] - wide[:, 32:]).max() > 0.01
+    assert np.abs(tall[:2000] - tall[2000:]).max() > 0.01
+    for name in ("wide", "tall"):
+        np.testing.assert_array_equal(tables[0][name], tables[1][name])
+
+
+def test_orthogonal_split_table_is_one_orthogonal_matrix(hvd):
+    """Each rank draws the whole table from a seed every rank shares and keeps its rows."""
+    block = make_block({"wide": "uniform", "tall": "orthogonal"})
+    build(block)
+    tall = block.get_global_weights()["tall"]
+    np.testing.assert_allclose(tall.T @ tall, np.eye(16), atol=1e-4)
