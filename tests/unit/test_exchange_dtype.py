@@ -60,6 +60,9 @@ def test_rows_and_gradients_are_rounded_once_each_way(dtype):
     assert sorted(got_grads) == sorted(want_grads_rounded)
     for k, want in want_grads_rounded.items():
         np.testing.assert_allclose(got_grads[k], want, rtol=1e-6, atol=0, err_msg=k)
+        if "exchange_anchor" in k:  # read as an exact 0 by every output: its gradient is 0
+            assert got_grads[k] == 0.0 and want_grads[k] == 0.0, k
+            continue
         assert not np.allclose(got_grads[k], want_grads[k], rtol=1e-7, atol=0), k
 
 
