@@ -489,6 +489,13 @@ def keras_names_kept():
         backend.OBSERVED_NAMES.update(observed)
 
 
+def _keras_seed_generator():
+    """Keras' own seed generator (a ``random.Random``) after ``set_random_seed``, else None."""
+    from keras import backend
+
+    return getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+
+
 def initializer_seeds() -> tuple:
     """``(base, shared)`` for the shards' initializer seeds, drawn from the generator Keras'
     unseeded initializers draw from. ``shared`` is the draw from Keras' own generator, the
@@ -496,9 +503,7 @@ def initializer_seeds() -> tuple:
     or else a draw from Python's ``random`` (this process's own)."""
     import random
 
-    from keras import backend
-
-    own = getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+    own = _keras_seed_generator()
     shared = own.randint(1, int(1e9)) if own is not None else None
     return (shared if shared is not None else random.randint(1, int(1e9))), shared
 
@@ -516,10 +521,8 @@ def same_randomness_on_every_rank(draws: int):
     """
     import random
 
-    from keras import backend
-
     generators = [random]
-    own = getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+    own = _keras_seed_generator()
     if own is not None:
         generators.append(own)
     states = [g.getstate() for g in generators]
