@@ -1,9 +1,22 @@
 """merlin_models_de: model-parallel embedding tables for Merlin Models.
 
 ``import merlin_models_de`` makes ``merlin.models.tf.DistributedEmbeddings`` this package's
-block (one idempotent registration, done when ``merlin.models.tf`` is or gets imported). The
-import itself loads neither TensorFlow nor Merlin Models, never initializes Horovod and never
-touches devices; the TF-backed names below load on first access.
+block and installs the Merlin hooks once Merlin Models is imported (one idempotent
+registration). The import itself loads neither TensorFlow nor Merlin Models, never initializes
+Horovod and never touches devices; the TF-backed names below load on first access.
+
+Everything a user calls is a name of this module (one import path each):
+
+- the block: ``DistributedEmbeddings`` (also ``mm.DistributedEmbeddings``);
+- placement: ``make_plan``, ``ShardingPlan``, ``Shard``, ``ShardingType``, ``TableSpec``,
+  ``FeatureSpec``, ``tables_from_schema``;
+- checkpoints: ``save_checkpoint``, ``restore_checkpoint``, ``latest_checkpoint``,
+  ``CheckpointCallback``, ``read_full_tables``;
+- one table in parallel: ``export_table``, ``read_table``, ``iter_table``;
+- custom loops: ``DistributedGradientTape``, ``broadcast_variables``;
+- outputs and retrieval: ``TiedCategoricalOutput``, ``ShardedTopK``, ``top_k_model``,
+  ``GlobalInBatchSampler``, ``named_tables``;
+- errors: ``StorageError`` (``CheckpointError`` is the same type), ``UnsupportedVersionError``.
 
 Example:
     >>> import merlin_models_de
@@ -11,18 +24,39 @@ Example:
     >>> mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings  # doctest: +SKIP
     True
 """
-from merlin_models_de._register import register
+from merlin_models_de.compat.versions import UnsupportedVersionError
+from merlin_models_de.merlin.register import register
 from merlin_models_de.planner import Shard, ShardingPlan, ShardingType
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import FeatureSpec, TableSpec, tables_from_schema
 
 __version__ = "0.1.0"
-# The planner function is exported as ``make_plan`` (also ``merlin_models_de.planner.plan``):
-# ``merlin_models_de.plan`` is the plan command's module.
-__all__ = ["DistributedEmbeddings", "make_plan", "Shard", "ShardingPlan", "ShardingType",
-           "FeatureSpec", "TableSpec", "tables_from_schema", "register"]
 
-_LAZY = {"DistributedEmbeddings": "merlin_models_de.layer"}
+# name -> the module that defines it (loaded on first access: these import TensorFlow)
+_LAZY = {
+    "DistributedEmbeddings": "merlin_models_de.block.layer",
+    "named_tables": "merlin_models_de.block.handles",
+    "save_checkpoint": "merlin_models_de.persistence.checkpoint",
+    "restore_checkpoint": "merlin_models_de.persistence.checkpoint",
+    "latest_checkpoint": "merlin_models_de.persistence.checkpoint",
+    "read_full_tables": "merlin_models_de.persistence.checkpoint",
+    "CheckpointCallback": "merlin_models_de.persistence.checkpoint",
+    "CheckpointError": "merlin_models_de.persistence.files",
+    "StorageError": "merlin_models_de.persistence.files",
+    "export_table": "merlin_models_de.persistence.table_export",
+    "read_table": "merlin_models_de.persistence.table_export",
+    "iter_table": "merlin_models_de.persistence.table_export",
+    "DistributedGradientTape": "merlin_models_de.merlin.training",
+    "broadcast_variables": "merlin_models_de.merlin.training",
+    "TiedCategoricalOutput": "merlin_models_de.outputs.tied",
+    "ShardedTopK": "merlin_models_de.outputs.topk",
+    "top_k_model": "merlin_models_de.outputs.topk",
+    "GlobalInBatchSampler": "merlin_models_de.outputs.samplers",
+}
+
+__all__ = sorted(["make_plan", "Shard", "ShardingPlan", "ShardingType", "FeatureSpec",
+                  "TableSpec", "tables_from_schema", "register", "UnsupportedVersionError",
+                  *_LAZY])
 
 
 def __getattr__(name):
@@ -31,6 +65,10 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'merlin_models_de' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__
 
 
 register()

@@ -21,7 +21,7 @@ validation) against the step's time. Output: markdown tables on stdout and in
 ``<out>/bench.md``, everything (every repeat, every piece) in ``<out>/bench.json``.
 
 Example:
-    python -m merlin_models_de.bench --np 2 --optimizers sgd,adagrad --out bench/
+    python -m merlin_models_de.apps.bench --np 2 --optimizers sgd,adagrad --out bench/
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from merlin_models_de.tables import human_bytes
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m merlin_models_de.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m merlin_models_de.apps.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--np", type=int, default=2, help="ranks of the multi-process runs")
     ap.add_argument("--hosts", default=None, help="horovodrun -H (default localhost:NP)")
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     write_results(args.out, "bench", table, {
         "config": vars(args), "rows": list(rows.values()), "breakdown": breakdowns,
         "failed": failed,
-        "command": "python -m merlin_models_de.bench " + " ".join(argv or sys.argv[1:])})
+        "command": "python -m merlin_models_de.apps.bench " + " ".join(argv or sys.argv[1:])})
     return 1 if failed else 0
 
 if __name__ == "__main__":

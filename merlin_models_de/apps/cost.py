@@ -5,7 +5,7 @@ Usage:
         --dim 16 --strategy memory_optimized --column-slice-threshold 16777216
 
 For each world size it plans the tables of the schema (as the plan command does), lists every
-collective of one step of the horovod backend (:mod:`merlin_models_de.cost_model`): stage,
+collective of one step of the horovod backend (:mod:`merlin_models_de.planner.cost`): stage,
 kind, direction, the busiest rank's bytes in and out, the bytes it moves over its link, and
 the milliseconds each link of ``--links`` predicts, then the totals. The dense gradients are
 those of Merlin's ``DLRMModel`` with ``--bottom-mlp`` / ``--top-mlp`` (as the DLRM command
@@ -21,7 +21,7 @@ import sys
 from merlin_models_de.apps.cli import ints, write_json
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.backends.wire import EXCHANGE_DTYPES
-from merlin_models_de.cost_model import (LINKS, dlrm_dense_params, get_link, predict,
+from merlin_models_de.planner.cost import (LINKS, dlrm_dense_params, get_link, predict,
                                          step_costs, table_lines)
 from merlin_models_de.planner import STRATEGIES, plan, validate_options
 from merlin_models_de.tables import feature_order

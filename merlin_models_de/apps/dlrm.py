@@ -1,4 +1,4 @@
-"""DLRM training command: ``horovodrun -np N python -m merlin_models_de.dlrm [options]``.
+"""DLRM training command: ``horovodrun -np N python -m merlin_models_de.apps.dlrm [options]``.
 
 Trains ``mm.DLRMModel`` with ``DistributedEmbeddings`` on synthetic Criteo-shaped data
 (``--rows``; every rank makes only its own rows, the same set whatever the world size) or on
@@ -9,7 +9,7 @@ peak resident memory; a JSON report goes to ``--report`` (default: ``report.json
 checkpoint directory). With ``--checkpoint-dir`` holding a checkpoint, training resumes.
 
 Examples:
-    horovodrun -np 2 -H localhost:2 python -m merlin_models_de.dlrm --rows 200000 --epochs 2
+    horovodrun -np 2 -H localhost:2 python -m merlin_models_de.apps.dlrm --rows 200000 --epochs 2
     horovodrun -np 8 -H a:4,b:4 merlin-models-de-dlrm --train-dir /data/train --valid-dir /data/valid \\
         --strategy memory_optimized --column-slice-threshold 16777216 --optimizer adagrad
 
@@ -39,7 +39,7 @@ STARTED = time.perf_counter()
 
 def parser() -> argparse.ArgumentParser:
     """The command's options."""
-    ap = OneLineParser(prog="python -m merlin_models_de.dlrm", description=__doc__,
+    ap = OneLineParser(prog="python -m merlin_models_de.apps.dlrm", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     data = ap.add_argument_group("data")
     data.add_argument("--rows", type=int, default=100_000, help="synthetic training rows")

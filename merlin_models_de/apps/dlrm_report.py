@@ -96,7 +96,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         warm_sps = (sum(e["steps"] for e in warm) * self.global_batch
                     / sum(e["train_seconds"] for e in warm)) if warm else None
         plan = getattr(self.block, "plan", None)
-        return {"command": "merlin_models_de.dlrm", "options": vars(self.args),
+        return {"command": "merlin_models_de.apps.dlrm", "options": vars(self.args),
                 "world_size": comm.size(), "cpu_threads": self.threads,
                 "backend": getattr(self.block, "backend_name", "mm.Embeddings"),
                 "steps_per_epoch": self.steps, "global_batch": self.global_batch,

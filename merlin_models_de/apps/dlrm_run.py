@@ -1,4 +1,4 @@
-"""The DLRM run behind ``python -m merlin_models_de.dlrm`` (imports TensorFlow and Merlin)."""
+"""The DLRM run behind ``python -m merlin_models_de.apps.dlrm`` (imports TensorFlow and Merlin)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,8 @@ import time
 
 import tensorflow as tf
 
-from merlin_models_de import comm, compat
+from merlin_models_de import comm
+from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.apps.defaults import LEARNING_RATES
 
 
@@ -48,7 +49,7 @@ def datasets_for(args, size, rank):
     def local(rows, seed):
         ds = rank_dataset(schema, rows, args.batch_size, size, rank, seed)
         # The rows are this rank's already: no sharding by partition, no seed broadcast.
-        return compat.take_local_rows(
+        return merlin_compat.take_local_rows(
             mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True))
 
     valid = local(valid_rows, args.seed + 1) if valid_rows >= args.batch_size * size else None
@@ -146,7 +147,7 @@ def resume_point(step: int, steps: int, epochs: int) -> tuple[int, int]:
 def restore_for(args, model, steps, size):
     """Restores ``--checkpoint-dir`` if it holds a checkpoint; returns (epoch, batches done,
     what the report records)."""
-    from merlin_models_de.checkpoint import latest_checkpoint, restore_checkpoint
+    from merlin_models_de.persistence.checkpoint import latest_checkpoint, restore_checkpoint
 
     if not (args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir)):
         return 0, 0, None
@@ -178,9 +179,9 @@ def run(args, started: float, callbacks=()) -> dict:
     threads = configure_threads(args.cpu_threads)
     import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
 
-    from merlin_models_de.checkpoint import CheckpointCallback
+    from merlin_models_de.persistence.checkpoint import CheckpointCallback
     from merlin_models_de.apps.dlrm_report import EpochReport
-    from merlin_models_de.export import sample_batch
+    from merlin_models_de.persistence.export import sample_batch
 
     phases = {"imports": time.perf_counter() - started}
     size, rank = comm.size(), comm.rank()

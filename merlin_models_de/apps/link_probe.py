@@ -8,7 +8,7 @@ For each size (bytes of float32 per rank) it times, in a ``tf.function``, one al
 (every destination gets ``size / N``) and one allreduce, ``--iterations`` calls after a few
 warm-up calls, all ranks starting together; a call's time is the slowest rank's and the median
 over calls is kept. Then it fits ``t = alpha + wire / beta`` by least squares, with the wire
-bytes of :mod:`merlin_models_de.cost_model` (all-to-all: ``(N-1)/N`` of the buffer; ring
+bytes of :mod:`merlin_models_de.planner.cost` (all-to-all: ``(N-1)/N`` of the buffer; ring
 allreduce: ``2(N-1)/N``). Rank 0 prints the table and the fit; ``--report`` writes JSON.
 Horovod's coordination cycle (``HOROVOD_CYCLE_TIME``) is part of alpha: the report says which
 value the run used.

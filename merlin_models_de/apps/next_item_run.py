@@ -130,7 +130,7 @@ def model_for(args, schema):
     if args.loss == "softmax":
         model = mm.Model(*body, mm.CategoricalOutput(to_call=item))
         return model, emb, model
-    from merlin_models_de.samplers import GlobalInBatchSampler
+    from merlin_models_de.outputs.samplers import GlobalInBatchSampler
 
     # the sampled loss: every rank's in-batch positives are the negatives (what one process
     # with the global batch does); its evaluate ranks the target among those candidates only
@@ -195,8 +195,8 @@ def _placement(emb, args) -> str:
 def _resume(args, model, schema, steps, size):
     """``(first epoch, its batches trained already, what the report records)``: from the
     newest checkpoint in ``--checkpoint-dir`` (the DLRM command's restore), else a fresh start."""
-    from merlin_models_de.checkpoint import latest_checkpoint
-    from merlin_models_de.export import sample_batch
+    from merlin_models_de.persistence.checkpoint import latest_checkpoint
+    from merlin_models_de.persistence.export import sample_batch
 
     if not (args.checkpoint_dir and latest_checkpoint(args.checkpoint_dir)):
         return 0, 0, None
@@ -217,7 +217,7 @@ def _checkpoint_callback(args):
     """One callback for every epoch's fit (it remembers the step it saved last), or None."""
     if not args.checkpoint_dir:
         return None
-    from merlin_models_de.checkpoint import CheckpointCallback
+    from merlin_models_de.persistence.checkpoint import CheckpointCallback
 
     keep = {} if args.checkpoint_keep is None else {"keep": args.checkpoint_keep}
     return CheckpointCallback(args.checkpoint_dir, args.checkpoint_every, **keep)

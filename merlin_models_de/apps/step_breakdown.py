@@ -93,7 +93,7 @@ def _built(args, schema):
 
     from merlin_models_de import comm
     from merlin_models_de.apps.dlrm_run import model_for, optimizer_for, metrics
-    from merlin_models_de.export import sample_batch
+    from merlin_models_de.persistence.export import sample_batch
 
     tf.keras.utils.set_random_seed(args.seed + comm.rank())
     model, block = model_for(args, schema)

@@ -26,7 +26,9 @@ import numpy as np
 
 import tensorflow as tf
 
-from merlin_models_de import comm, compat
+from merlin_models_de import comm
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.runtime import agree
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
 from merlin_models_de.backends.validate import check_headers, local_problems
 from merlin_models_de.backends.wire import exchange_dtype_name
@@ -90,9 +92,9 @@ class EmbeddingBackend(abc.ABC):
         if not tf.config.list_logical_devices("GPU"):  # device memory is not known up front
             check_fits(self.plan, self.dtype.size, comm.local_size(), host_memory_bytes())
         # each rank initializes its own shards; later layers must not start differently
-        with compat.same_randomness_on_every_rank(draws=len(self.plan.tables)):
+        with keras_compat.same_randomness_on_every_rank(draws=len(self.plan.tables)):
             # on several ranks each shard gets its own seed (see backends/shard_init.py)
-            self.init_seeds = (compat.initializer_seeds() if self.world_size > 1
+            self.init_seeds = (keras_compat.initializer_seeds() if self.world_size > 1
                                else (None, None))
             self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
@@ -146,9 +148,8 @@ class EmbeddingBackend(abc.ABC):
     def exchange_header(self, header, check: Callable) -> list:
         """For backends whose own first exchange cannot carry the header: one allgather."""
         n = self.world_size
-        received = (comm.allgather(header, name=self.collective_name("header"))
-                    if n > 1 else header)
-        return check(received, tf.fill([n], 2))
+        received = agree.gather_header(tf.unstack(header), self.collective_name("header"), n)
+        return check(tf.reshape(received, [-1]), tf.fill([n], 2))
 
     def collective_name(self, stage: str) -> str:
         """Collective names: the same on every rank, unique per layer and stage."""

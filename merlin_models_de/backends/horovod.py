@@ -19,7 +19,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
-from merlin_models_de.backends.routing import Routing
+from merlin_models_de.planner.routing import Routing
 from merlin_models_de.backends.shard_init import for_shard
 from merlin_models_de.backends.table_lookup import lookup_ids
 from merlin_models_de.backends.wire import from_wire, to_wire

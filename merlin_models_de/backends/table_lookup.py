@@ -30,6 +30,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.planner.types import ShardingType
+from merlin_models_de.runtime import agree
 
 
 def lookup_ids(backend, table: str, ids, problems=()):
@@ -67,10 +68,8 @@ def _header(backend, spec, ids, problems, name):
     """(ids per rank, checks): every rank's id count and problem count, asserted everywhere."""
     outside = tf.logical_or(ids < 0, ids >= spec.rows)
     bad = tf.reduce_sum(tf.cast(outside, tf.int64))
-    header = tf.stack([tf.size(ids, out_type=tf.int64), bad + len(problems)])
-    n = backend.world_size
-    received = comm.allgather(header, name=f"{name}_header") if n > 1 else header
-    received = tf.reshape(received, [n, 2])
+    received = agree.gather_header([tf.size(ids, out_type=tf.int64), bad + len(problems)],
+                                   f"{name}_header", backend.world_size)
     # a sentinel keeps argmax / gather defined when this rank has no ids
     first_bad = tf.gather(tf.concat([ids, [0]], 0),
                           tf.argmax(tf.cast(tf.concat([outside, [True]], 0), tf.int32)))
@@ -84,11 +83,8 @@ def _header(backend, spec, ids, problems, name):
             [f"An id is outside table '{spec.name}' (valid ids are 0..{spec.rows - 1}). "
              "Received: id=", first_bad], summarize=8))
     with tf.control_dependencies(checks):
-        checks.append(tf.debugging.Assert(
-            tf.reduce_all(tf.equal(received[:, 1], 0)),
-            [f"Invalid ids for table '{spec.name}' on another rank (this is rank "
-             f"{backend.rank}); see that rank's error. Problems per rank:", received[:, 1]],
-            summarize=64))
+        checks.append(agree.rank_problems_check(received[:, 1], backend.rank,
+                                                f"ids for table '{spec.name}'"))
     return tf.cast(received[:, 0], tf.int32), checks  # counts read after the checks
 
 

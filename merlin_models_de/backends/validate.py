@@ -14,6 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.backends.lookup import to_ids
+from merlin_models_de.runtime import agree
 
 
 def ordered_inputs(inputs, features):
@@ -115,11 +116,7 @@ def check_headers(received, received_splits, batch, rank, world_size, deferred):
         starts = tf.cumsum(tf.cast(received_splits, tf.int64), exclusive=True)
         sizes = tf.gather(received, starts)
         problems = tf.gather(received, starts + 1)
-        ranks = tf.range(world_size, dtype=tf.int64)
-        checks.append(tf.debugging.Assert(
-            tf.reduce_all(tf.equal(problems, 0)),
-            [f"Invalid input on another rank (this is rank {rank}); see that rank's error. "
-             "Problems per rank:", problems, "ranks:", ranks], summarize=64))
+        checks.append(agree.rank_problems_check(problems, rank, "input"))
         checks.append(tf.debugging.Assert(
             tf.reduce_all(tf.equal(sizes, batch)),
             ["Every rank must feed the same per-rank batch size (drop or pad the uneven last "

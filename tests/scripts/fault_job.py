@@ -9,8 +9,8 @@ import tensorflow as tf
 
 sys.path.insert(0, os.getcwd())
 
-from merlin_models_de import comm  # noqa: E402
-from merlin_models_de.checkpoint import CheckpointCallback  # noqa: E402
+from merlin_models_de import comm
+from merlin_models_de.persistence.checkpoint import CheckpointCallback  # noqa: E402
 from tests.unit.horovod import fit_common as fc  # noqa: E402
 
 

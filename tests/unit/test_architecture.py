@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles, the library never imports an application, Horovod
-is imported only by comm and compat, and unsupported versions fail with one clear message."""
+"""The package's shape: folders in a layer order that imports follow (downwards only), no
+import cycles, the library never imports an application, Horovod is imported only by comm and
+compat, and unsupported versions fail with one clear message."""
 import ast
 import os
 import pathlib
@@ -14,9 +15,24 @@ from merlin_models_de import compat
 
 ROOT = pathlib.Path(merlin_models_de.__file__).parent
 PACKAGE = "merlin_models_de"
-# the applications, and the old `python -m merlin_models_de.<app>` spellings kept as aliases
-APP_ALIASES = {f"{PACKAGE}.dlrm", f"{PACKAGE}.bench", f"{PACKAGE}.plan"}
-HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat"}
+HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat", f"{PACKAGE}.compat.horovod"}
+# The layers, lowest first (docs/design.md): a module imports only from its own layer or
+# below. The root leaves share layer 0 and import nothing of ours; the package's __init__
+# (the public API) sits above everything.
+LAYERS = [
+    {"tables", "schemas", "variables", "comm"},
+    {"compat"},
+    {"runtime"},
+    {"planner"},
+    {"backends"},
+    {"persistence"},
+    {"block"},
+    {"outputs"},
+    {"merlin"},
+    {"apps"},
+]
+# what may stay at the root: the small leaves of layer 0 and the public API
+ROOT_MODULES = {"__init__", "tables", "schemas", "variables", "comm"}
 
 
 def module_names():
@@ -71,7 +87,15 @@ def graph():
 
 
 def is_app(name):
-    return name in APP_ALIASES or name == f"{PACKAGE}.apps" or name.startswith(f"{PACKAGE}.apps.")
+    return name == f"{PACKAGE}.apps" or name.startswith(f"{PACKAGE}.apps.")
+
+
+def layer_of(name):
+    """The layer index of a package module (None for the package's own __init__)."""
+    if name == PACKAGE:
+        return None
+    top = name.split(".")[1]
+    return next(i for i, layer in enumerate(LAYERS) if top in layer)
 
 
 def find_cycle(edges):
@@ -101,8 +125,44 @@ def find_cycle(edges):
 
 def test_the_graph_sees_lazy_imports():
     edges = graph()
-    assert f"{PACKAGE}.export" in edges[f"{PACKAGE}.integration"]
+    assert f"{PACKAGE}.persistence.export" in edges[f"{PACKAGE}.merlin.hooks"]
     assert f"{PACKAGE}.apps.dlrm_run" in edges[f"{PACKAGE}.apps.dlrm"]  # imported in main()
+
+
+def test_every_module_has_a_layer_and_the_root_holds_only_leaves():
+    names = module_names()
+    for name in names:
+        layer_of(name)  # raises StopIteration for a folder missing from LAYERS
+    at_root = {pathlib.Path(p).stem for n, p in names.items() if pathlib.Path(p).parent == ROOT}
+    assert at_root <= ROOT_MODULES, sorted(at_root - ROOT_MODULES)
+
+
+def test_imports_point_down_the_layers():
+    upward = {}
+    for name, deps in graph().items():
+        mine = layer_of(name)
+        if mine is None:
+            continue
+        bad = sorted(d for d in deps if d != PACKAGE and layer_of(d) > mine)
+        if mine == 0:  # the leaves import nothing of ours
+            bad = sorted(d for d in deps if d != PACKAGE)
+        if bad:
+            upward[name] = bad
+    assert upward == {}
+
+
+def test_layer_check_finds_an_upward_import(monkeypatch):
+    edges = graph()
+    edges[f"{PACKAGE}.block.layer"] = edges[f"{PACKAGE}.block.layer"] | {f"{PACKAGE}.outputs.tied"}
+    monkeypatch.setattr(sys.modules[__name__], "graph", lambda: edges)
+    with pytest.raises(AssertionError, match="outputs.tied"):
+        test_imports_point_down_the_layers()
+
+
+def test_the_block_does_not_import_the_output_side_or_the_hooks():
+    # the hooks go in at registration (merlin/register.py), never from the block
+    deps = {d for n, ds in graph().items() if n.startswith(f"{PACKAGE}.block") for d in ds}
+    assert {d for d in deps if d.startswith((f"{PACKAGE}.outputs", f"{PACKAGE}.merlin"))} == set()
 
 
 def test_no_import_cycles():
@@ -139,7 +199,7 @@ def test_private_merlin_and_horovod_api_only_in_compat():
     patterns = {p: re.compile(r"(?<![A-Za-z0-9_])" + re.escape(p)) for p in private}
     offenders = {}
     for name, path in module_names().items():
-        if name == f"{PACKAGE}.compat":
+        if name == f"{PACKAGE}.compat" or name.startswith(f"{PACKAGE}.compat."):
             continue
         text = path.read_text()
         hits = [p for p in private if patterns[p].search(text)]
@@ -149,11 +209,21 @@ def test_private_merlin_and_horovod_api_only_in_compat():
 
 
 def test_planner_function_is_not_shadowed_by_a_module():
-    import merlin_models_de.plan  # noqa: F401  (the CLI alias)
     from merlin_models_de import make_plan
     from merlin_models_de.planner import plan
 
     assert make_plan is plan and callable(merlin_models_de.make_plan)
+
+
+def test_the_public_api_names_resolve_and_shadow_no_merlin_name():
+    import merlin.models.tf as mm
+
+    for name in merlin_models_de.__all__:
+        assert getattr(merlin_models_de, name) is not None, name
+    clashes = sorted(n for n in merlin_models_de.__all__
+                     if hasattr(mm, n) and n != "DistributedEmbeddings")
+    assert clashes == []
+    assert mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings
 
 
 def test_supported_versions_pass():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de import checkpoint
-from merlin_models_de.checkpoint import (CheckpointCallback, latest_checkpoint,
+from merlin_models_de.persistence import checkpoint
+from merlin_models_de.persistence.checkpoint import (CheckpointCallback, latest_checkpoint,
                                          read_full_tables, restore_checkpoint, save_checkpoint)
 from tests.unit import checkpoint_helpers as ch
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de import compat
-from merlin_models_de.checkpoint import restore_checkpoint, save_checkpoint
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
 from merlin_models_de.variables import optimizer_parts, optimizer_variables, slot_names, slots_of
 from tests.unit import checkpoint_helpers as ch
 
@@ -93,7 +93,7 @@ def test_slot_names_of_a_new_style_optimizer():
     assert slot_names(tf.keras.optimizers.Adam(amsgrad=True)) == ["m", "v", "vhat"]
     assert slot_names(tf.keras.optimizers.Adagrad()) == ["accumulator"]
     legacy = tf.keras.optimizers.legacy.Adagrad()
-    compat.create_optimizer_slots(legacy, [tf.Variable(tf.zeros([2, 2]))])
+    keras_compat.create_optimizer_slots(legacy, [tf.Variable(tf.zeros([2, 2]))])
     assert slot_names(legacy) == ["accumulator"]  # legacy ones know theirs once made
 
 

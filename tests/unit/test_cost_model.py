@@ -6,7 +6,7 @@ int64 ids, float32 rows); ``(sent, received, wire)`` per collective, per rank.
 """
 import pytest
 
-from merlin_models_de.cost_model import (LINKS, Collective, Link, dlrm_dense_params, get_link,
+from merlin_models_de.planner.cost import (LINKS, Collective, Link, dlrm_dense_params, get_link,
                                          predict, step_costs)
 from merlin_models_de.planner import plan
 from merlin_models_de.tables import FeatureSpec, TableSpec

@@ -20,7 +20,7 @@ ENV = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def _run(args, ranks=1, timeout=600, env=None):
-    cmd = [sys.executable, "-m", "merlin_models_de.dlrm", *args]
+    cmd = [sys.executable, "-m", "merlin_models_de.apps.dlrm", *args]
     if ranks > 1:  # local ranks: Gloo and the driver address on loopback
         cmd = [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}",
                "--network-interface", "lo", *cmd]
@@ -151,7 +151,7 @@ def test_every_rank_exits_2_and_each_host_names_its_own_problem(argv, host_depen
     for rank, local_rank, host in ((0, 0, "a"), (1, 1, "a"), (2, 0, "b"), (3, 1, "b")):
         env = dict(ENV, HOROVOD_RANK=str(rank), HOROVOD_SIZE="4", HOROVOD_HOSTNAME=host,
                    HOROVOD_LOCAL_RANK=str(local_rank), HOROVOD_LOCAL_SIZE="2")
-        out = subprocess.run([sys.executable, "-m", "merlin_models_de.dlrm", *argv],
+        out = subprocess.run([sys.executable, "-m", "merlin_models_de.apps.dlrm", *argv],
                              capture_output=True, text=True, timeout=120, env=env, check=False)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and "Traceback" not in out.stderr, (rank, out.stderr)
@@ -184,7 +184,7 @@ def _checkpoints(directory):
 
 
 def test_resume_after_a_mid_epoch_kill_trains_each_batch_once(tmp_path):
-    from merlin_models_de.checkpoint import latest_checkpoint, read_full_tables
+    from merlin_models_de.persistence.checkpoint import latest_checkpoint, read_full_tables
 
     # 1024 rows / batch 64 = 16 steps per epoch, 3 epochs = 48 steps
     common = ["--rows", "1024", "--epochs", "3", "--valid-rows", "0", "--seed", "7", *QUICK]
@@ -252,7 +252,7 @@ def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
 def test_bench_runs_every_baseline_and_reports_ratios(tmp_path):
     out = str(tmp_path / "bench")
     run = subprocess.run(
-        [sys.executable, "-m", "merlin_models_de.bench", "--np", "2", "--rows", "2048",
+        [sys.executable, "-m", "merlin_models_de.apps.bench", "--np", "2", "--rows", "2048",
          "--batch-size", "64", "--epochs", "2", "--max-table-rows", "1000", "--dim", "8",
          "--optimizers", "sgd", "--repeats", "2", "--breakdown-iterations", "5",
          "--out", out],

@@ -9,7 +9,7 @@ from merlin.schema import ColumnSchema, Schema, Tags
 import merlin.models.tf as mm
 
 from merlin_models_de import DistributedEmbeddings
-from merlin_models_de.export import sample_batch
+from merlin_models_de.persistence.export import sample_batch
 from tests.unit.helpers import cat, synthetic
 
 
@@ -95,7 +95,7 @@ def test_the_exported_copy_reloads_as_the_model_and_leaves_names_alone(tmp_path)
     name counter (rank 0 alone builds it; names must stay equal across ranks)."""
     from keras import backend
 
-    from merlin_models_de.export import save_single_process
+    from merlin_models_de.persistence.export import save_single_process
 
     schema = synthetic("criteo", 8).schema
     model = mm.DLRMModel(schema, embeddings=DistributedEmbeddings(schema, dim=4),

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from merlin_models_de.checkpoint import latest_checkpoint, restore_checkpoint
+from merlin_models_de.persistence.checkpoint import latest_checkpoint, restore_checkpoint
 
 
 def test_killed_rank_ends_the_job_and_the_last_checkpoint_restores(tmp_path):

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de.handles import TableAccessMixin, TableHandle
-from merlin_models_de.layer import DistributedEmbeddings
+from merlin_models_de.block.handles import TableAccessMixin, TableHandle
+from merlin_models_de.block.layer import DistributedEmbeddings
 from tests.unit.horovod import oracle
 
 
@@ -62,7 +62,7 @@ def test_select_by_tag_gives_a_view_of_the_matching_features():
     import merlin.models.tf as mm
     from merlin.schema import Schema, Tags
 
-    from merlin_models_de.views import FeatureSelection
+    from merlin_models_de.block.views import FeatureSelection
     from tests.unit.helpers import cat
 
     schema = Schema([cat("item_id", 99, tags=[Tags.ITEM, Tags.ID]),

@@ -28,7 +28,7 @@ def test_import_does_not_init_horovod_or_devices_even_under_horovodrun_env():
 def test_registration_follows_merlin_import_in_either_order():
     for order in ("import merlin_models_de; import merlin.models.tf as mm",
                   "import merlin.models.tf as mm; import merlin_models_de"):
-        code = (f"{order}; from merlin_models_de.layer import DistributedEmbeddings as D;"
+        code = (f"{order}; from merlin_models_de.block.layer import DistributedEmbeddings as D;"
                 "import merlin_models_de as m; m.register();"
                 "print(mm.DistributedEmbeddings is D is m.DistributedEmbeddings)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

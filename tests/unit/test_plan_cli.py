@@ -1,4 +1,4 @@
-"""The `python -m merlin_models_de.plan` command, run as a real subprocess."""
+"""The `python -m merlin_models_de.apps.plan` command, run as a real subprocess."""
 import os
 import subprocess
 import sys
@@ -20,7 +20,7 @@ def run(*args, timeout=300, quiet_env=True):
         env.pop(name, None)
     if quiet_env:
         env.update(PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "merlin_models_de.plan", *args],
+    return subprocess.run([sys.executable, "-m", "merlin_models_de.apps.plan", *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -95,14 +95,14 @@ def test_vocab_parallel_needs_its_target():
 def test_the_table_handle_defaults_and_sharding():
     import merlin.models.tf as mm
 
-    from merlin_models_de.outputs import CategoricalOutput, TiedSoftmaxLoss, TiedTablePrediction
+    from merlin_models_de.outputs.tied import TiedCategoricalOutput, TiedSoftmaxLoss, TiedTablePrediction
 
     _, block = tr.build_model({"block": "de"})
-    for out in (CategoricalOutput(to_call=block["item"]), mm.CategoricalOutput(block["item"])):
+    for out in (TiedCategoricalOutput(to_call=block["item"]), mm.CategoricalOutput(block["item"])):
         assert isinstance(out.to_call, TiedTablePrediction)
         assert out.target == "prev_item"  # the table's first feature, as Merlin's default
         assert not out.to_call.vocab_parallel and not block["item"].sharded
-    forced = CategoricalOutput(to_call=block["item"], target="next_item", vocab_parallel=True,
+    forced = TiedCategoricalOutput(to_call=block["item"], target="next_item", vocab_parallel=True,
                                logits_temperature=2.0)
     assert isinstance(forced.default_loss, TiedSoftmaxLoss)
     assert forced.default_metrics_fn() == ()
@@ -114,7 +114,7 @@ def test_the_default_loss_is_merlins_on_logits_and_the_mean_on_per_example_losse
     default loss must then be Merlin's categorical cross-entropy."""
     from merlin.models.tf.losses import CategoricalCrossEntropy
 
-    from merlin_models_de.outputs import TiedSoftmaxLoss
+    from merlin_models_de.outputs.tied import TiedSoftmaxLoss
 
     logits = tf.constant([[1.0, 2.0, 0.5], [0.1, -1.0, 3.0]])
     onehot = tf.constant([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -167,8 +167,34 @@ def test_a_saved_model_with_the_tied_output_reloads_onto_its_own_table(tmp_path)
 
 
 def test_a_table_name_no_block_holds_is_named():
-    from merlin_models_de.outputs import TiedTablePrediction
+    from merlin_models_de.outputs.tied import TiedTablePrediction
 
-    with pytest.raises(ValueError, match="No DistributedEmbeddings block with a table named "
-                                         "'no_such_table' exists in this process"):
+    with pytest.raises(ValueError, match=r"Cannot bind table 'no_such_table': names are bound "
+                                         r"only while a model is rebuilt from its config"):
         TiedTablePrediction("no_such_table")
+
+
+def test_two_models_with_the_same_table_names_never_bind_each_other():
+    """No process-wide registry: each model rebuilt from its config binds its own block, even
+    when another model with the same table names was built later; outside a rebuild a name
+    binds nothing, and ``named_tables`` binds exactly the blocks it is given."""
+    import merlin_models_de
+    from merlin_models_de.outputs.tied import TiedTablePrediction
+    from merlin_models_de.variables import embedding_blocks
+
+    first, first_block = tr.build_model({"block": "de", "plain": True})
+    second, second_block = tr.build_model({"block": "de", "plain": True})
+    assert first_block is not second_block
+    (tied,) = first.model_outputs
+    assert tied.to_call.table.block is first_block  # bound by object at construction
+    copy = first.__class__.from_config(first.get_config())
+    (copy_block,) = embedding_blocks(copy)
+    (copy_output,) = copy.model_outputs
+    assert copy_output.to_call.table.block is copy_block
+    assert copy_block not in (first_block, second_block)
+    with merlin_models_de.named_tables(first_block):
+        assert TiedTablePrediction("item").table.block is first_block
+    with merlin_models_de.named_tables(second_block):
+        assert TiedTablePrediction("item").table.block is second_block
+    with pytest.raises(ValueError, match=r"Cannot bind table 'item'"):
+        TiedTablePrediction("item")

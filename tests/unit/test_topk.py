@@ -1,13 +1,15 @@
-"""Top-k prediction over a DistributedEmbeddings table (merlin_models_de.topk) in one
+"""Top-k prediction over a DistributedEmbeddings table (merlin_models_de.outputs.topk) in one
 process: ``top_k_model`` of a trained next-item model returns ``tf.math.top_k`` of its full
 logits (output bias included) and Merlin's top-k metrics of the exact target ranks. The
 2-rank version (sharded table, table-wise and row-sliced) is in
 tests/unit/horovod/test_tied_output.py."""
 import numpy as np
 import pytest
+
+import merlin_models_de
 import tensorflow as tf
 
-from merlin_models_de.topk import ShardedTopK, sharded_top_k_layer, top_k_model
+from merlin_models_de.outputs.topk import ShardedTopK, sharded_top_k_layer, top_k_model
 from tests.unit.horovod import tied_reference as tr
 
 BATCH = 16
@@ -48,7 +50,8 @@ def test_a_smaller_k_and_the_default_top_k_of_merlins_output():
     np.testing.assert_allclose(scores.numpy(), want.values.numpy(), rtol=1e-6, atol=1e-6)
     # one process holds the table whole: to_top_k_encoder keeps Merlin's own path
     assert sharded_top_k_layer(model.blocks[-1]) is None
-    again = ShardedTopK.from_config(layer.get_config())
+    with merlin_models_de.named_tables(block, model.blocks[-1].to_call.bias_block):
+        again = ShardedTopK.from_config(layer.get_config())
     assert again.table is block["item"] and again._k == 3
 
 

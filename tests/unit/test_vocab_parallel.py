@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de.vocab_parallel import sharded_softmax_cross_entropy, sharded_top_k
+from merlin_models_de.outputs.vocab_parallel import sharded_softmax_cross_entropy, sharded_top_k
 
 BATCH, DIM, ROWS = 6, 4, 23
 

@@ -17,7 +17,7 @@ def main(catalog, batch, dim, chunk):
     import numpy as np
     import tensorflow as tf
 
-    from merlin_models_de.vocab_parallel import sharded_softmax_cross_entropy
+    from merlin_models_de.outputs.vocab_parallel import sharded_softmax_cross_entropy
 
     rng = np.random.default_rng(0)
     table = tf.Variable(rng.normal(size=(catalog, dim)).astype(np.float32))

@@ -11,7 +11,7 @@ import numpy as np
 
 
 def main(spec_json, data_path, restore_dir, save_dir):
-    from merlin_models_de.checkpoint import restore_checkpoint, save_checkpoint
+    from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
     from tests.unit.horovod import fit_common as fc
 
     spec = json.loads(spec_json)

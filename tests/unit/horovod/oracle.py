@@ -158,7 +158,7 @@ def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, ta
 
     With ``graph`` the training step runs as a ``tf.function`` (as Keras fit does).
     """
-    from merlin_models_de.training import DistributedGradientTape
+    from merlin_models_de.merlin.training import DistributedGradientTape
 
     r = comm.rank()
     inputs = select(batch, r * per_rank, (r + 1) * per_rank)

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.checkpoint import (CheckpointError, latest_checkpoint, read_full_tables,
+from merlin_models_de.persistence.checkpoint import (CheckpointError, latest_checkpoint, read_full_tables,
                                          restore_checkpoint, save_checkpoint)
 from merlin_models_de.variables import optimizer_parts, optimizer_variables, slots_of
 from tests.unit.horovod import fit_common as fc

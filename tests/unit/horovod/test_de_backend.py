@@ -7,7 +7,7 @@ from merlin.schema import Schema
 
 from merlin_models_de import DistributedEmbeddings, comm
 from merlin_models_de.backends.registry import is_importable
-from merlin_models_de.checkpoint import read_full_tables, restore_checkpoint, save_checkpoint
+from merlin_models_de.persistence.checkpoint import read_full_tables, restore_checkpoint, save_checkpoint
 from merlin_models_de.variables import embedding_blocks
 from merlin_models_de.planner import ShardingType
 from tests.unit.helpers import cat

@@ -8,7 +8,7 @@ import pytest
 
 from merlin_models_de import comm
 from merlin_models_de.planner import ShardingType
-from merlin_models_de.table_export import export_table, iter_table, read_manifest, read_table
+from merlin_models_de.persistence.table_export import export_table, iter_table, read_manifest, read_table
 from tests.unit.horovod import oracle
 
 PLACEMENTS = {
@@ -82,7 +82,7 @@ def test_a_write_failing_on_one_rank_fails_every_rank_without_a_manifest(hvd, tm
 
 
 def test_a_damaged_export_is_named(hvd, tmp_path_factory):
-    from merlin_models_de.checkpoint_files import CheckpointError
+    from merlin_models_de.persistence.files import CheckpointError
 
     block, _ = built_block(PLACEMENTS["row_sliced"][0], seed=3)
     directory = shared_dir(tmp_path_factory, "damaged")

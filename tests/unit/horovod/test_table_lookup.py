@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings, comm
-from merlin_models_de.training import DistributedGradientTape
+from merlin_models_de.merlin.training import DistributedGradientTape
 from tests.unit.horovod import oracle
 from tests.unit.horovod.test_oracle import PLACEMENTS
 

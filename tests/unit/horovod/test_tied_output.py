@@ -113,13 +113,13 @@ def test_a_target_outside_the_catalog_on_one_rank_fails_every_rank(hvd):
 def test_a_column_sliced_item_table_is_refused_on_every_rank(hvd):
     import merlin.models.tf as mm
 
-    from merlin_models_de.outputs import CategoricalOutput
+    from merlin_models_de.outputs.tied import TiedCategoricalOutput
 
     block = mm.DistributedEmbeddings(tr.schema(), dim=tr.DIM, strategy="basic",
                                      column_slice_threshold=200)
     assert block.plan.kind_of("item") is ShardingType.COLUMN_WISE
     with pytest.raises(ValueError, match="Table 'item' is column-sliced across ranks"):
-        CategoricalOutput(to_call=block["item"], target=tr.TARGET)
+        TiedCategoricalOutput(to_call=block["item"], target=tr.TARGET)
 
 
 @pytest.mark.parametrize("layout, optimizer, eager", [
@@ -166,7 +166,7 @@ def test_a_saved_model_with_the_sharded_tied_output_reloads_and_scores_the_same(
     table and predicts what the trained model predicts. With an output bias, also a sharded
     checkpoint restored into a model placed differently (the table and its bias whole on
     one rank) predicts the same."""
-    from merlin_models_de.checkpoint import restore_checkpoint, save_checkpoint
+    from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
     from tests.unit.horovod.test_checkpoint import shared_dir
 
     n, r = comm.size(), comm.rank()
@@ -200,8 +200,8 @@ def test_to_top_k_encoders_layer_on_several_ranks(hvd):
     """``to_top_k_encoder()`` of a model tied to a sharded table scores it with ShardedTopK;
     with a candidate dataset (encoded by Merlin through dask, not in step across ranks) it is
     refused on every rank at once, naming the way out."""
-    from merlin_models_de.integration import top_k_encoder_layer
-    from merlin_models_de.topk import ShardedTopK
+    from merlin_models_de.merlin.hooks import top_k_encoder_layer
+    from merlin_models_de.outputs.topk import ShardedTopK
 
     model, block = tr.build_model(dict(LAYOUTS["row_sliced"], block="de", bias=True))
     layer = top_k_encoder_layer(model, None, 7)

@@ -3,7 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings, comm
-from merlin_models_de.training import (broadcast_variables, is_local, local_variables,
+from merlin_models_de.merlin.training import (broadcast_variables, is_local, local_variables,
                                        mark_optimizer_slots)
 from tests.unit.horovod import oracle
 

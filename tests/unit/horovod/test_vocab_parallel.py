@@ -17,7 +17,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.planner.slicing import row_ranges
 from merlin_models_de.variables import mark_local
-from merlin_models_de.vocab_parallel import (sharded_logits, sharded_softmax_cross_entropy,
+from merlin_models_de.outputs.vocab_parallel import (sharded_logits, sharded_softmax_cross_entropy,
                                              sharded_top_k)
 
 DIM, ROWS = 4, 23
@@ -116,7 +116,7 @@ def test_horovod_tape_gives_one_process_mean_loss_gradients(hvd, graph, kind):
     and bias are local variables (gradient divided by N, never allreduced), the dense
     weights feeding the hidden states are averaged. All equal one process's gradients of
     the mean loss over the global batch."""
-    from merlin_models_de.training import DistributedGradientTape
+    from merlin_models_de.merlin.training import DistributedGradientTape
 
     n = comm.size()
     g = global_data(n, seed=4)

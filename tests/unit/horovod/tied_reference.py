@@ -43,7 +43,7 @@ def build_model(spec):
     import merlin.models.tf as mm
 
     import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
-    from merlin_models_de.outputs import CategoricalOutput
+    from merlin_models_de.outputs.tied import TiedCategoricalOutput
 
     s = schema()
     tf.keras.utils.set_random_seed(1)
@@ -60,7 +60,7 @@ def build_model(spec):
         block = mm.DistributedEmbeddings(s, dim=DIM, strategy=spec.get("strategy", "basic"),
                                          row_slice_threshold=spec.get("row"), backend="horovod")
         if spec.get("output") == "contrastive":  # in-batch negatives, tied to the table
-            from merlin_models_de.samplers import GlobalInBatchSampler
+            from merlin_models_de.outputs.samplers import GlobalInBatchSampler
 
             sampler = GlobalInBatchSampler() if spec.get("global", True) else "in-batch"
             output = mm.ContrastiveOutput(to_call=block["item"], target=TARGET,
@@ -68,7 +68,7 @@ def build_model(spec):
         elif spec.get("plain"):  # Merlin's own output class, given the handle
             output = mm.CategoricalOutput(to_call=block["item"], target=TARGET)
         else:
-            output = CategoricalOutput(to_call=block["item"], target=TARGET,
+            output = TiedCategoricalOutput(to_call=block["item"], target=TARGET,
                                        vocab_parallel=spec.get("vocab_parallel"),
                                        chunk_rows=spec.get("chunk_rows", 16),
                                        use_bias=spec.get("bias", False),
@@ -176,8 +176,8 @@ def exact_top_k_metrics(logits, targets, k=10):
 
 def top_k_outputs(model, x, y, batch, k=10):
     """``top_k/scores``, ``top_k/ids`` and ``top_k/<metric>`` of
-    :func:`merlin_models_de.topk.top_k_model` (collective on a sharded table)."""
-    from merlin_models_de.topk import top_k_model
+    :func:`merlin_models_de.outputs.topk.top_k_model` (collective on a sharded table)."""
+    from merlin_models_de.outputs.topk import top_k_model
 
     topk = top_k_model(model, k=k)
     scores, ids = topk.predict(dataset(x, y, batch), verbose=0)

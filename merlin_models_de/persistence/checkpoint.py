@@ -1,6 +1,6 @@
 """Sharded checkpoints that restore into any world size or strategy.
 
-Layout of ``directory`` (details in :mod:`merlin_models_de.checkpoint_files`)::
+Layout of ``directory`` (details in :mod:`merlin_models_de.persistence.files`)::
 
     latest                                name of the newest complete checkpoint
     ckpt-<step>[-<k>]/manifest.json       step, world size, every block's plan, which file
@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -38,13 +37,14 @@ import numpy as np
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.checkpoint_files import (DENSE, FORMAT, TMP_PREFIX, CheckpointError,
+from merlin_models_de.runtime import agree
+from merlin_models_de.persistence.files import (DENSE, FORMAT, TMP_PREFIX, CheckpointError,
                                                check_array, dense_key, free_name, load_array,
                                                next_sequence, part_stem, prune, read_arrays,
                                                read_latest, read_manifest, read_full_tables,
                                                shard_file, state_key, write_array,
                                                write_arrays, write_latest, write_manifest)
-from merlin_models_de.checkpoint_state import model_state, numpy_dtype
+from merlin_models_de.persistence.state import model_state, numpy_dtype
 
 CHUNK_BYTES = 64 * 2**20
 
@@ -56,33 +56,10 @@ __all__ = ["CheckpointCallback", "CheckpointError", "latest_checkpoint", "read_f
 
 
 def _stage(name: str, work, share=None):
-    """Runs ``work()`` here, then raises on every rank if it failed on any rank.
-
-    A rank that raised while the others went on would leave them waiting forever in their
-    next collective, so each rank's outcome is exchanged first. The failing rank re-raises
-    its own exception; the others raise :class:`CheckpointError` naming it.
-
-    Args:
-        name: What this stage does (in error messages and the collective's name).
-        work: The stage's work on this rank.
-        share: Maps ``work()``'s result to a small picklable value sent to every rank.
-
-    Returns:
-        ``(result of work(), [every rank's shared value, in rank order])``.
-    """
-    try:
-        result, error = work(), None
-    except Exception as exc:  # pylint: disable=broad-except  (re-raised below, on every rank)
-        result, error = None, exc
-    mine = (None if error is None else f"{type(error).__name__}: {error}",
-            share(result) if share is not None and error is None else None)
-    outcomes = comm.allgather_object(mine, name="mmde_ckpt_" + re.sub(r"\W+", "_", name))
-    if error is not None:
-        raise error
-    for rank, (message, _) in enumerate(outcomes):
-        if message is not None:
-            raise CheckpointError(f"Checkpoint {name} failed on rank {rank}: {message}")
-    return result, [shared for _, shared in outcomes]
+    """One checkpoint stage that every rank agrees on (:func:`runtime.agree.on_every_rank`):
+    a rank that failed re-raises its error, the others raise :class:`CheckpointError` naming
+    it, so nobody waits in a collective that will never come."""
+    return agree.on_every_rank(f"checkpoint {name}", work, share, error_type=CheckpointError)
 
 
 # ---- save -------------------------------------------------------------------------------------

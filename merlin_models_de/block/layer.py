@@ -16,8 +16,9 @@ from merlin.models.tf.utils.tf_utils import call_layer
 from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json,
                                               tensorflow_metadata_json_to_schema)
 
-from merlin_models_de import comm, compat, integration
-from merlin_models_de import regularization as reg
+from merlin_models_de import comm, compat
+from merlin_models_de.compat import tf_checkpoint
+from merlin_models_de.block import regularization as reg
 from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.wire import exchange_dtype_name
@@ -25,8 +26,8 @@ from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import placed_like
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
-from merlin_models_de.handles import TableAccessMixin, remember_block
-from merlin_models_de.reload import TableCheckpoints
+from merlin_models_de.block.handles import TableAccessMixin, remember_block
+from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
 from merlin_models_de.tables import feature_order, is_layer_combiner, tables_from_schema
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set_global_weights
@@ -37,7 +38,7 @@ UNSUPPORTED_TABLE_KWARGS = {
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block):
+class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin, Block):
     """Model-parallel embedding tables; a drop-in for ``mm.Embeddings``.
 
     Each rank holds only its share of the tables (see :mod:`merlin_models_de.planner`); the
@@ -57,7 +58,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
         embeddings_initializer: Keras initializer, or a dict by feature / table name.
         embeddings_regularizer: Keras regularizer, or a dict by feature / table name; adds
             ``reg(table)`` to the losses. On N ranks a sharded table takes L1 / L2 / L1L2
-            (see :mod:`merlin_models_de.regularization`).
+            (see :mod:`merlin_models_de.block.regularization`).
         trainable: Whether the tables train: a bool, or a dict by feature / table name.
         l2_batch_regularization_factor: Adds ``factor * sum(output ** 2)`` of each feature's
             looked-up batch to the losses (a float, or a dict by feature / table name).
@@ -93,7 +94,6 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
                  data_parallel_threshold=None, backend="auto", validate_ids=True,
                  exchange_dtype=None, name="embeddings", **kwargs):
         compat.ensure_supported()
-        integration.install()
         _check_unsupported(activity_regularizer=activity_regularizer, table_cls=table_cls,
                            pre=pre, post=post, aggregation=aggregation, kwargs=kwargs)
         super().__init__(name=block_name or name, trainable=trainable is not False, **kwargs)
@@ -158,7 +158,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
                      else all(self.table_trainable.values()))
         self.backend.build(self, self._initializer, trainable)
         self.engine_layers = self.backend.sublayers()  # tracked: their weights are the block's
-        # checkpoints and SavedModels name tables, not this rank's layout (see reload.py)
+        # checkpoints and SavedModels name tables, not this rank's layout (see persistence/keras_checkpoint.py)
         self.table_checkpoints = TableCheckpoints(self)
         reg.add_table_losses(self, self.backend, self.plan, self.rank, self.table_regularizers)
         return super().build(input_shapes)
@@ -169,7 +169,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
     def call(self, inputs, training=False, selected=None, **kwargs):
         """``{feature: ids}`` (extra keys ignored) -> ``{feature: [batch, dim]}``.
 
-        ``selected`` (a :class:`~merlin_models_de.views.FeatureSelection`'s call): only these
+        ``selected`` (a :class:`~merlin_models_de.block.views.FeatureSelection`'s call): only these
         features are given and returned; the others take part in the exchanges with
         placeholder ids (every rank runs the same exchanges) and are dropped.
         """
@@ -209,7 +209,7 @@ class DistributedEmbeddings(TableAccessMixin, compat.TableCheckpointMixin, Block
         """What a saved dependency ``name`` stands for (see :mod:`.reload`)."""
         state = getattr(self, "table_checkpoints", None)
         # unbuilt: Keras asks for every weight it adds; a restore waiting for an older
-        # layout's name is matched when the table dependencies appear (reload.py)
+        # layout's name is matched when the table dependencies appear (persistence/keras_checkpoint.py)
         return found if state is None else state.lookup(name, found)
 
     def compute_output_shape(self, input_shapes):

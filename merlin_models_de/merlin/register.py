@@ -3,10 +3,11 @@ Merlin Models (whose import calls ``hvd.init()`` when Horovod is installed) or T
 
 The attribute is served lazily (a module-level ``__getattr__`` on ``merlin.models.tf``,
 PEP 562): the block's module loads on first access, so registration never imports
-:mod:`merlin_models_de.layer` and there is no import cycle. If ``merlin.models.tf`` is not
-imported yet, a one-shot import hook adds the ``__getattr__`` right after its import. The
-Merlin training hooks are installed by the first block constructed (see
-:mod:`merlin_models_de.compat`). Idempotent.
+:mod:`merlin_models_de.block.layer` and there is no import cycle. If ``merlin.models.tf`` is not
+imported yet, a one-shot import hook adds the ``__getattr__`` right after its import. Right
+after Merlin Models is imported (or at registration, when it already is), the Merlin hooks go
+in too (:mod:`merlin_models_de.merlin.hooks`: inert for models without the block), so the
+block itself never imports the output side. Idempotent.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import sys
 
 TARGET = "merlin.models.tf"
 NAME = "DistributedEmbeddings"
-_LAYER = "merlin_models_de.layer"
+_LAYER = "merlin_models_de.block.layer"
+_HOOKS = "merlin_models_de.merlin.hooks"
 
 
 def _attach(module) -> None:
@@ -36,6 +38,18 @@ def _attach(module) -> None:
     module.__getattr__ = __getattr__
     if NAME in module.__dict__:  # an older registration set it eagerly; serve it lazily now
         del module.__dict__[NAME]
+    _install_hooks()
+
+
+def _install_hooks() -> None:
+    """The Merlin hooks, unless the installed versions are unsupported: then the block refuses
+    at construction, naming them, and Merlin Models itself stays usable."""
+    from merlin_models_de.compat.versions import UnsupportedVersionError
+
+    try:
+        importlib.import_module(_HOOKS).install()
+    except UnsupportedVersionError:
+        pass
 
 
 class _Loader(importlib.abc.Loader):

@@ -4,7 +4,7 @@ Merlin's ``BaseModel`` wraps the optimizer in ``hvd.DistributedOptimizer`` (lear
 times world size), adds ``hvd.callbacks.BroadcastGlobalVariablesCallback(0)`` to ``fit`` and
 saves only on rank 0. Left alone, each of these corrupts or loses sharded tables. For models
 that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks below
-(installed by :func:`merlin_models_de.compat.install_merlin_hooks`) adjust:
+(installed by :func:`merlin_models_de.compat.merlin.install_merlin_hooks`) adjust:
 
 - compile: the same optimizer and learning-rate scaling as Merlin, but sharded tables (and
   their slots) are registered as local: never allreduced, their gradients divided by the
@@ -14,7 +14,7 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
 - evaluate: metric states are summed over ranks, so results equal one process's.
 - save: every rank takes part; rank 0 writes a single-process SavedModel with full tables.
 - outputs: ``mm.CategoricalOutput`` / ``mm.ContrastiveOutput`` take ``block[table]`` for
-  weight tying, as they take an ``mm.EmbeddingTable`` (:mod:`merlin_models_de.outputs`).
+  weight tying, as they take an ``mm.EmbeddingTable`` (:mod:`merlin_models_de.outputs.tied`).
 
 Learning-rate convention (Merlin's): with N ranks, per-rank batch B and learning rate lr,
 training equals one process with batch N*B and learning rate N*lr.
@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from merlin_models_de import comm, compat
-from merlin_models_de.export import save_single_process
-from merlin_models_de.handles import TableHandle
-from merlin_models_de.outputs import tie_to_handle
-from merlin_models_de.topk import sharded_top_k_layer
+from merlin_models_de import comm
+from merlin_models_de.runtime import agree
+from merlin_models_de.compat import horovod as horovod_compat
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.compat import merlin as merlin_compat
+from merlin_models_de.persistence.export import save_single_process
+from merlin_models_de.block.handles import TableHandle, named_tables
+from merlin_models_de.outputs.tied import tie_to_handle
+from merlin_models_de.outputs.topk import sharded_top_k_layer
 from merlin_models_de.variables import embedding_blocks, is_local, local_slot_refs
 
 
@@ -114,8 +118,8 @@ class MerlinHooks:
 
     @staticmethod
     def compile(original, model, optimizer="rmsprop", *args, **kwargs):
-        if not compat.is_horovod_optimizer(optimizer):
-            optimizer = compat.distributed_optimizer(
+        if not horovod_compat.is_horovod_optimizer(optimizer):
+            optimizer = horovod_compat.distributed_optimizer(
                 scaled_optimizer(optimizer, comm.size()), is_local)
         return original(model, optimizer, *args, **kwargs)
 
@@ -125,9 +129,12 @@ class MerlinHooks:
         step exchanges embeddings across ranks, so a rank that ran out of batches would
         leave the others waiting in a collective. Unknown counts are not checked."""
         del model
-        count = steps if steps is not None else batch_count(data)
-        counts = comm.allgather_object(-1 if count is None else int(count),
-                                       name=f"mmde_{method}_batches")
+        def count():
+            found = steps if steps is not None else batch_count(data)
+            return -1 if found is None else int(found)
+
+        _, counts = agree.on_every_rank(f"{method}: counting each rank's batches", count,
+                                        share=lambda c: c, error_type=ValueError)
         known = [c for c in counts if c >= 0]
         if len(known) == len(counts) and len(set(known)) > 1:
             given = "steps_per_epoch" if method == "fit" else "steps"
@@ -147,10 +154,10 @@ class MerlinHooks:
         optimizer = getattr(model, "optimizer", None)
         # mixed precision: Keras' loss-scale wrapper passes slot creation to the optimizer
         optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer
-        if not model.built or not compat.creates_slots_per_variable(optimizer):
+        if not model.built or not keras_compat.creates_slots_per_variable(optimizer):
             return  # an unbuilt model creates its weights in the step anyway
         try:
-            compat.create_optimizer_slots(optimizer, model.trainable_variables)
+            keras_compat.create_optimizer_slots(optimizer, model.trainable_variables)
         except NotImplementedError:
             pass  # an optimizer whose state Keras cannot create ahead: left to the step
 
@@ -161,8 +168,10 @@ class MerlinHooks:
     @staticmethod
     def fit_callbacks(model, callbacks):
         del model
-        return [BroadcastGlobalVariablesCallback(0) if compat.is_horovod_broadcast_callback(c)
+        return [BroadcastGlobalVariablesCallback(0) if horovod_compat.is_horovod_broadcast_callback(c)
                 else c for c in callbacks]
+
+    rebuild_scope = staticmethod(named_tables)  # tied outputs bind their own model's tables
 
     @staticmethod
     def save(original, model, *args, **kwargs):
@@ -170,7 +179,7 @@ class MerlinHooks:
 
 
 def top_k_encoder_layer(model, candidates, k):
-    """``to_top_k_encoder``'s top-k layer: :class:`~merlin_models_de.topk.ShardedTopK` over
+    """``to_top_k_encoder``'s top-k layer: :class:`~merlin_models_de.outputs.topk.ShardedTopK` over
     an output tied to a sharded table, None for Merlin's own path. Refused on every rank at
     once (no collective needed): encoding a candidate dataset under horovodrun, which
     Merlin does with dask, partition by partition, not in step across ranks."""
@@ -190,7 +199,7 @@ def top_k_encoder_layer(model, candidates, k):
 def install() -> None:
     """Installs :class:`MerlinHooks` and the tied-output translation into Merlin (idempotent;
     inert for other models)."""
-    compat.install_merlin_hooks(MerlinHooks)
-    compat.install_output_hooks(lambda to_call: isinstance(to_call, TableHandle),
+    merlin_compat.install_merlin_hooks(MerlinHooks)
+    merlin_compat.install_output_hooks(lambda to_call: isinstance(to_call, TableHandle),
                                 tie_to_handle)
-    compat.install_top_k_encoder_hook(top_k_encoder_layer)
+    merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)

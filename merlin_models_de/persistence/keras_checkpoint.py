@@ -11,7 +11,7 @@ So the block's dependency for table ``T`` is ``table_T`` on every rank and world
 
 - where this rank holds the whole table in one variable (one process, replicated tables,
   table-wise shards): that variable, saved and restored like any other;
-- otherwise a stand-in (:func:`merlin_models_de.compat.table_slice`) that saves this rank's
+- otherwise a stand-in (:func:`merlin_models_de.compat.tf_checkpoint.table_slice`) that saves this rank's
   rectangle as a slice of the full table and restores by reading only that rectangle (TF
   reads the stored tensor and copies the rectangle out: a rank reads each table it holds a
   part of whole, one at a time, and keeps only its part); on a rank without a part of ``T``
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 
-from merlin_models_de import compat
+from merlin_models_de.compat import tf_checkpoint
 
 PREFIX = "table_"
 _LAYOUT_NAME = re.compile(r"^(mp|dp|rw)_(.+)$")  # the horovod backend's variable names
@@ -51,12 +51,12 @@ class TableCheckpoints:
         self.storage = {id(block.backend.shard_variable(s)[0])
                         for s in block.plan.shards_on(block.rank)}
         for name, child in self.children.items():
-            compat.track_dependency(block, name, child)
+            tf_checkpoint.track_dependency(block, name, child)
         # a restore into the unbuilt block waits under the saved names: older layout names too
-        for name in compat.deferred_dependency_names(block):
+        for name in tf_checkpoint.deferred_dependency_names(block):
             table = layout_table(name, self.tables)
             if table is not None:
-                compat.restore_deferred(block, name, self.children[PREFIX + table])
+                tf_checkpoint.restore_deferred(block, name, self.children[PREFIX + table])
 
     def to_save(self, children: dict) -> dict:
         """Keras' dependencies of the block, with the tables' storage replaced by the table
@@ -88,7 +88,7 @@ def layout_table(name: str, tables) -> str | None:
             f"The saved model holds a column slice of table '{column.group(1)}' (saved on "
             f"several ranks in an older layout form), which cannot be loaded into another "
             f"layout; save it with model.save() under horovodrun (whole tables) or with "
-            f"merlin_models_de.checkpoint. Received: name={name!r}")
+            f"merlin_models_de.persistence.checkpoint. Received: name={name!r}")
     return None
 
 
@@ -101,10 +101,10 @@ def _child(block, table):
     full = (table.rows, table.dim)
     dtype = block.backend.dtype
     if not mine:
-        return compat.table_slice(None, 0, full, (0, 0), (0, 0), dtype)
+        return tf_checkpoint.table_slice(None, 0, full, (0, 0), (0, 0), dtype)
     shard = mine[0]
     variable, first = block.backend.shard_variable(shard)
     if first == 0 and tuple(variable.shape) == full:
         return variable
-    return compat.table_slice(variable, first, full, (shard.row_start, shard.col_start),
+    return tf_checkpoint.table_slice(variable, first, full, (shard.row_start, shard.col_start),
                               (shard.rows, shard.cols), dtype)

@@ -46,8 +46,61 @@ _NAME = re.compile(r"ckpt-([0-9]{9,})(?:-([0-9]+))?")
 _FILE_STEM = re.compile(r"[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, malformed or does not fit the model (names the file)."""
+class StorageError(ValueError):
+    """A file of a checkpoint or a table export is missing, malformed or does not fit the
+    model (the message names the file). The one error type of :mod:`merlin_models_de.persistence`."""
+
+
+CheckpointError = StorageError  # its first name, kept: the same type
+
+
+# ---- small files, written whole or not at all ---------------------------------------------------
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` so a reader sees the old file or the whole new one, also
+    after a crash: write aside, flush to disk, rename over, flush the directory entry."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f"{LATEST_TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # a file system without directory handles: the rename is all there is
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, value) -> None:
+    """``value`` as JSON at ``path``, atomically (:func:`write_atomic`)."""
+    write_atomic(path, json.dumps(value, indent=1))
+
+
+def read_json(path: str, what: str):
+    """The JSON at ``path``; :class:`StorageError` naming ``what`` and the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError as exc:
+        raise StorageError(f"{what} {path} is missing.") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StorageError(f"{what} {path} is not readable JSON: {exc}") from exc
 
 
 # ---- names and paths --------------------------------------------------------------------------
@@ -132,12 +185,7 @@ def read_latest(directory: str) -> str | None:
 
 def write_latest(directory: str, name: str) -> None:
     """Points ``directory/latest`` at ``name`` atomically (write aside, flush, rename)."""
-    tmp = os.path.join(directory, f"{LATEST_TMP_PREFIX}{uuid.uuid4().hex}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, LATEST))
+    write_atomic(os.path.join(directory, LATEST), name + "\n")
 
 
 # ---- arrays -----------------------------------------------------------------------------------
@@ -310,10 +358,7 @@ def state_key(index: int) -> str:
 
 def write_manifest(root: str, manifest: dict) -> None:
     """Writes ``root/manifest.json`` (flushed to disk: the checkpoint is complete with it)."""
-    with open(os.path.join(root, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f)
-        f.flush()
-        os.fsync(f.fileno())
+    write_json(os.path.join(root, MANIFEST), manifest)
 
 
 def read_manifest(root: str) -> Manifest:
@@ -324,14 +369,7 @@ def read_manifest(root: str) -> Manifest:
         CheckpointError: naming the manifest and the offending field and value.
     """
     path = os.path.join(root, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"Checkpoint manifest {path} is missing.") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"Checkpoint manifest {path} is not readable JSON: {exc}") from exc
-    return _ManifestReader(root, path).read(raw)
+    return _ManifestReader(root, path).read(read_json(path, "Checkpoint manifest"))
 
 
 class _ManifestReader:

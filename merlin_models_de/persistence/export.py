@@ -9,7 +9,10 @@ Example:
 """
 from __future__ import annotations
 
-from merlin_models_de import comm, compat
+from merlin_models_de import comm
+from merlin_models_de.runtime import agree
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.variables import dense_weights, embedding_blocks
 
 
@@ -87,25 +90,17 @@ def save_single_process(model, save, export_path, *args, **kwargs):
     """Collective: rank 0 saves a world-size-1 copy of ``model`` with full tables."""
     blocks = embedding_blocks(model)
     tables = [b.get_global_weights() for b in blocks]
-    error = None
-    if comm.rank() == 0:
-        try:
-            _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs)
-        except Exception as err:  # pylint: disable=broad-except  # re-raised on every rank
-            error = f"{type(err).__name__}: {err}"
-
-    # every rank learns the outcome, so a failed export fails everywhere instead of hanging
-    error = comm.broadcast_object(error, root_rank=0, name="mmde_export_status")
-    if error is not None:
-        raise RuntimeError(f"Exporting the model from rank 0 failed: {error}")
+    agree.on_rank_zero(
+        "exporting the model from rank 0",
+        lambda: _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs))
 
 
 def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
     dense = [w.numpy() for w in dense_weights(model, blocks)]
-    with comm.single_process(), compat.keras_names_kept():  # names: the same on every rank
+    with comm.single_process(), keras_compat.keras_names_kept():  # names: the same on every rank
         clone = model.__class__.from_config(model.get_config())
-        # or the config it saves rebuilds another model (see compat.match_schemas)
-        compat.match_schemas(model, clone, opaque=tuple({type(b) for b in blocks}))
+        # or the config it saves rebuilds another model (see merlin_compat.match_schemas)
+        merlin_compat.match_schemas(model, clone, opaque=tuple({type(b) for b in blocks}))
         clone(sample_batch(model.schema))
         clone_blocks = embedding_blocks(clone)
         targets = dense_weights(clone, clone_blocks)

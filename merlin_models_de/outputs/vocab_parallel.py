@@ -68,6 +68,7 @@ import numbers
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.runtime import agree
 
 DEFAULT_CHUNK_ROWS = 4096
 _SENTINEL_ID = tf.int64.max  # padding candidate id: sorts after every real id
@@ -117,20 +118,13 @@ def _exchange_header(where, name, hidden, n_targets, table, bias, row_offset, nu
     the sum of the ranks' rows.
     """
     rows = tf.shape(table, out_type=tf.int64)
-    mine = tf.stack([
-        tf.shape(hidden, out_type=tf.int64)[0], tf.cast(n_targets, tf.int64),
-        tf.cast(row_offset, tf.int64), rows[0], rows[1],
-        tf.size(bias, out_type=tf.int64) if bias is not None else tf.constant(-1, tf.int64),
-        tf.constant(hidden.shape[-1], tf.int64)])
+    fields = [tf.shape(hidden, out_type=tf.int64)[0], n_targets, row_offset, rows[0], rows[1],
+              tf.size(bias, out_type=tf.int64) if bias is not None else -1, hidden.shape[-1]]
     # after the hidden states exist: this step's earlier collectives (the block's) come first
-    header = tf.reshape(comm.allgather(comm.after(mine, hidden)[None], name=f"{name}_header"),
-                        [-1, 7])
+    header = agree.gather_header(fields, f"{name}_header", comm.size(), after=hidden)
     catalog = (tf.reduce_sum(header[:, _ROWS]) if num_rows is None
                else tf.constant(num_rows, tf.int64))
-    ranks = tf.range(tf.shape(header, out_type=tf.int64)[0])
-
-    def first(bad):  # the first rank where ``bad`` holds
-        return tf.boolean_mask(ranks, bad)[:1]
+    first = agree.first_rank  # the first rank where a check fails
 
     checks = []
     bad = header[:, _BATCH] != header[:, _TARGETS]

@@ -13,7 +13,7 @@ Where the table is sharded (table-wise on one rank, or row-sliced), no rank can 
 
 - ``CategoricalOutput``: in ``fit`` / ``evaluate`` the output computes each example's softmax
   cross-entropy itself, vocab-parallel
-  (:func:`merlin_models_de.vocab_parallel.sharded_softmax_cross_entropy`: every rank scores
+  (:func:`merlin_models_de.outputs.vocab_parallel.sharded_softmax_cross_entropy`: every rank scores
   the global batch against its own rows, in chunks), and hands Keras the 1-D per-example
   losses as its "predictions"; its default loss, :class:`TiedSoftmaxLoss`, takes their
   (sample-weighted) mean (on 2-D logits it is Merlin's categorical cross-entropy, so a saved
@@ -27,14 +27,14 @@ Where the table is sharded (table-wise on one rank, or row-sliced), no rank can 
   distributed lookup (each rank its own ids), so sampled softmax trains as in one process.
 - ``evaluate`` on a sharded table reports Merlin's default top-k metrics (``recall_at_10``,
   ``mrr_at_10``, ``ndcg_at_10``, ``map_at_10``, ``precision_at_10``) from a vocab-parallel top-k
-  (:func:`merlin_models_de.vocab_parallel.sharded_top_k`); metrics given to ``compile`` see
+  (:func:`merlin_models_de.outputs.vocab_parallel.sharded_top_k`); metrics given to ``compile`` see
   the per-example losses, not logits, so leave them unset. ``fit`` reports the loss only.
 - Scoring (``predict``, and the build call Merlin's ``fit`` makes) on a sharded table gives
-  each rank its own examples' full logits (:func:`merlin_models_de.vocab_parallel.sharded_logits`:
+  each rank its own examples' full logits (:func:`merlin_models_de.outputs.vocab_parallel.sharded_logits`:
   every rank scores the global batch against its rows; memory ``B_local x catalog``, what
   ``predict`` returns).
 - ``use_bias=True`` (this package's ``CategoricalOutput``): one bias per item, sharded like
-  the table (:mod:`merlin_models_de.output_bias`), in the loss, top-k and logits.
+  the table (:mod:`merlin_models_de.outputs.bias`), in the loss, top-k and logits.
 
 A saved model names the table in the output's config; loading binds it to the table of the
 most recently constructed block that has one of that name (the loaded model's own block,
@@ -54,9 +54,9 @@ from merlin.models.tf.losses import CategoricalCrossEntropy
 from merlin.schema import Schema
 
 from merlin_models_de import comm
-from merlin_models_de.handles import TableHandle, latest_table
-from merlin_models_de.output_bias import bias_rows, bias_table_name, item_bias_block
-from merlin_models_de.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_logits,
+from merlin_models_de.block.handles import TableHandle, table_named
+from merlin_models_de.outputs.bias import bias_rows, bias_table_name, item_bias_block
+from merlin_models_de.outputs.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_logits,
                                              sharded_softmax_cross_entropy, sharded_top_k)
 
 
@@ -167,14 +167,14 @@ class TiedTablePrediction(tf.keras.layers.Layer):
     losses as an ``mm.Prediction``.
 
     Args:
-        table: a :class:`~merlin_models_de.handles.TableHandle`, or a table name (bound to
-            the most recently constructed block holding that table; used by ``from_config``).
+        table: a :class:`~merlin_models_de.block.handles.TableHandle`, or a table name (bound within
+            :func:`~merlin_models_de.block.handles.named_tables`; used by ``from_config``).
         target: the target column (vocab-parallel loss).
         vocab_parallel: None: when the table is sharded. True forces the vocab-parallel loss
             (also in one process, where it equals the full softmax); False never.
         chunk_rows: table rows scored at a time by the vocab-parallel loss.
         use_bias, bias_initializer: a bias per item, as Merlin's; sharded like the table
-            (:mod:`merlin_models_de.output_bias`).
+            (:mod:`merlin_models_de.outputs.bias`).
         logits_temperature: divides the logits (vocab-parallel path; the whole-table path
             leaves it to Merlin's output).
         top_k: cutoffs of the top-k metrics (recall, MRR, NDCG, MAP, precision) the
@@ -189,7 +189,7 @@ class TiedTablePrediction(tf.keras.layers.Layer):
                  top_k=(10,), **kwargs):
         super().__init__(**kwargs)
         if isinstance(table, str):
-            table = latest_table(table)
+            table = table_named(table)
         object.__setattr__(self, "table", table)  # untracked: the block tracks the table
         self.target = target or table.col_schema.name
         self.num_classes = table.input_dim
@@ -201,7 +201,7 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         self.top_k = tuple(int(k) for k in (top_k or ()))
         if self.vocab_parallel:
             table.check_whole_rows()  # at construction, the same on every rank
-        # the bias lies with the table's rows, in a block of its own (see output_bias.py)
+        # the bias lies with the table's rows, in a block of its own (see outputs/bias.py)
         self.bias_block = item_bias_block(table, bias_initializer) if use_bias else None
 
     def build(self, input_shape=None):
@@ -319,8 +319,9 @@ def tie_to_handle(output_cls, to_call, kwargs: dict, vocab_parallel=None,
     return tied, kwargs
 
 
-@tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class CategoricalOutput(mm.CategoricalOutput):
+# serialized under its first name, so models saved before the rename still load
+@tf.keras.utils.register_keras_serializable(package="merlin_models_de", name="CategoricalOutput")
+class TiedCategoricalOutput(mm.CategoricalOutput):
     """``mm.CategoricalOutput`` with this package's options for a table handle.
 
     Args:
@@ -350,4 +351,4 @@ class CategoricalOutput(mm.CategoricalOutput):
         super().__init__(to_call=to_call, **kwargs)
 
 
-__all__ = ["CategoricalOutput", "TiedSoftmaxLoss", "TiedTablePrediction", "tie_to_handle"]
+__all__ = ["TiedCategoricalOutput", "TiedSoftmaxLoss", "TiedTablePrediction", "tie_to_handle"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from merlin_models_de.backends.routing import Routing
+from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import ShardingPlan, ShardingType
 from merlin_models_de.tables import FeatureSpec, feature_order
 

@@ -6,7 +6,7 @@ feature (the column it was created from). Here a table name works as a key too.
 
 Why the factors below give one process's loss and updates (N ranks, batch B each, against
 one process with batch N·B; Horovod averages the dense gradients over ranks, and sharded
-tables' gradients are divided by N, see :mod:`merlin_models_de.integration`):
+tables' gradients are divided by N, see :mod:`merlin_models_de.merlin.hooks`):
 
 - the main loss is a mean over the batch: the mean over N·B is the average of the per-rank
   means, so Horovod's averaging gives one process;

@@ -4,7 +4,7 @@
 of every candidate vector, it scores the query against the table in place. Each rank scores
 the global batch of queries against its own rows, in chunks, and keeps a running top-k; the
 N·k candidates are merged on each query's rank
-(:func:`merlin_models_de.vocab_parallel.sharded_top_k`). No rank holds the catalog or the
+(:func:`merlin_models_de.outputs.vocab_parallel.sharded_top_k`). No rank holds the catalog or the
 ``[batch, catalog]`` scores; the result equals ``tf.math.top_k`` of one process's full
 scores (ties to the lower item id). Collective: every rank calls it, each with its queries.
 
@@ -15,7 +15,7 @@ Use it wherever Merlin takes a top-k layer:
 - :func:`top_k_model` turns a trained next-item model (tied ``CategoricalOutput``) into one
   that predicts ``(scores, item ids)``, its output bias included;
 - ``RetrievalModelV2.to_top_k_encoder()`` of a model whose output is tied to a block's table
-  (``YoutubeDNNRetrievalModelV2``) uses it (installed by :mod:`merlin_models_de.integration`).
+  (``YoutubeDNNRetrievalModelV2``) uses it (installed by :mod:`merlin_models_de.merlin.hooks`).
 
 Example:
     >>> topk = top_k_model(model, k=10)  # doctest: +SKIP
@@ -29,9 +29,9 @@ from merlin.models.tf.core.prediction import Prediction, TopKPrediction
 from merlin.models.tf.outputs.topk import TopKLayer
 from merlin.models.tf.utils.tf_utils import call_layer
 
-from merlin_models_de.handles import TableHandle, latest_table
-from merlin_models_de.output_bias import bias_rows
-from merlin_models_de.vocab_parallel import DEFAULT_CHUNK_ROWS, sharded_top_k
+from merlin_models_de.block.handles import TableHandle, table_named
+from merlin_models_de.outputs.bias import bias_rows
+from merlin_models_de.outputs.vocab_parallel import DEFAULT_CHUNK_ROWS, sharded_top_k
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
@@ -39,18 +39,18 @@ class ShardedTopK(TopKLayer):
     """Top-k items of ``query @ table^T (+ bias)`` over a block's table, where it lies.
 
     Args:
-        table: a table handle (``block["item_id"]``) or a table name (bound to the latest
-            block holding it, as when loading).
+        table: a table handle (``block["item_id"]``) or a table name (bound within
+            :func:`~merlin_models_de.block.handles.named_tables`, as when loading).
         k: items per query (Merlin's ``TopKLayer`` ``k``).
         bias_table: a per-item bias table laid out like ``table`` (the tied output's
-            ``use_bias``; see :mod:`merlin_models_de.output_bias`): its handle or name, or None.
+            ``use_bias``; see :mod:`merlin_models_de.outputs.bias`): its handle or name, or None.
         chunk_rows: table rows scored at a time.
     """
 
     def __init__(self, table, k: int = 10, bias_table: str | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, **kwargs):
         super().__init__(k=k, **kwargs)
-        table = latest_table(table) if isinstance(table, str) else table
+        table = table_named(table) if isinstance(table, str) else table
         if not isinstance(table, TableHandle):
             raise TypeError("ShardedTopK takes a table of a DistributedEmbeddings block "
                             f"(block['item_id']). Received: {type(table).__name__}")
@@ -58,8 +58,8 @@ class ShardedTopK(TopKLayer):
         if int(k) < 1:
             raise ValueError(f"ShardedTopK needs k >= 1. Received: k={k!r}")
         object.__setattr__(self, "table", table)  # untracked: its block owns it
-        if isinstance(bias_table, str):  # by name: the latest block holding it (loading)
-            bias_table = latest_table(bias_table)
+        if isinstance(bias_table, str):  # by name: within named_tables (loading)
+            bias_table = table_named(bias_table)
         object.__setattr__(self, "bias", bias_table)
         self.bias_table = bias_table.name if bias_table is not None else None
         self.chunk_rows = int(chunk_rows)
@@ -73,7 +73,7 @@ class ShardedTopK(TopKLayer):
                                                               TableHandle):
             raise TypeError("from_output takes an output tied to a DistributedEmbeddings "
                             f"table. Received: {type(output).__name__}")
-        block = tied.bias_block  # its own bias, not the latest block of that name
+        block = tied.bias_block  # its own bias, bound by object
         bias = block[block.tables[0].name] if block is not None else None
         return cls(tied.table, k=k, bias_table=bias, chunk_rows=tied.chunk_rows, **kwargs)
 

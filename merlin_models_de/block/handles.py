@@ -10,36 +10,59 @@ Example:
 """
 from __future__ import annotations
 
-import weakref
+import contextlib
+import contextvars
 
 import tensorflow as tf
 from merlin.schema import Schema
 
 from merlin_models_de.backends.lookup import combiner_weights
 from merlin_models_de.planner.types import ShardingType
-from merlin_models_de.views import FeatureSelection
+from merlin_models_de.block.views import FeatureSelection
 
 
-_BLOCKS: list = []  # weak references to the blocks constructed in this process, oldest first
+# Blocks built while a model is deserialized, per open scope (innermost last). Not a
+# process-wide registry: outside a scope no name is bound, and two models rebuilt one after
+# the other never see each other's blocks.
+_SCOPES: contextvars.ContextVar = contextvars.ContextVar("mmde_named_tables", default=())
+
+
+@contextlib.contextmanager
+def named_tables(*blocks):
+    """Inside, a table named by a string (a tied output's or a top-k layer's config) binds to
+    a table of ``blocks`` or of a block built inside, the newest first.
+
+    Merlin models open one around their ``from_config`` (which ``load_model`` and the export's
+    copy go through), so a rebuilt output finds its own model's block; open one yourself to
+    rebuild such a layer on its own: ``with named_tables(block): ShardedTopK.from_config(c)``.
+    """
+    token = _SCOPES.set(_SCOPES.get() + (list(blocks),))
+    try:
+        yield
+    finally:
+        _SCOPES.reset(token)
 
 
 def remember_block(block) -> None:
-    """Records a constructed block for :func:`latest_table`."""
-    _BLOCKS[:] = [ref for ref in _BLOCKS if ref() is not None] + [weakref.ref(block)]
+    """Records a block built while names are bound (in every open scope: an inner model's
+    block stays visible to the outer model's outputs)."""
+    for scope in _SCOPES.get():
+        scope.append(block)
 
 
-def latest_table(name: str) -> "TableHandle":
-    """The handle of table ``name`` in the most recently constructed block that has it.
-
-    How a deserialized output finds its table: a model's config rebuilds its block before
-    its output, so the latest block is the model's own.
-    """
-    for ref in reversed(_BLOCKS):
-        block = ref()
-        if block is not None and any(t.name == name for t in block.tables):
-            return block[name]
-    raise ValueError(f"No DistributedEmbeddings block with a table named {name!r} exists in "
-                     "this process: build (or load) the model's block before its tied output.")
+def table_named(name: str) -> "TableHandle":
+    """The handle of table ``name`` in the newest block of the open scopes (see
+    :func:`named_tables`)."""
+    scopes = _SCOPES.get()
+    for scope in reversed(scopes):
+        for block in reversed(scope):
+            if any(t.name == name for t in block.tables):
+                return block[name]
+    where = ("no DistributedEmbeddings block built in this model has it" if scopes else
+             "names are bound only while a model is rebuilt from its config")
+    raise ValueError(f"Cannot bind table {name!r}: {where}. Pass the table handle "
+                     f"(block[{name!r}]), or rebuild inside "
+                     "merlin_models_de.named_tables(block).")
 
 
 class TableHandle:
@@ -110,7 +133,7 @@ class TableHandle:
 
     def local_rows(self):
         """``(rows [R, dim], row_offset)``: this rank's rows of the table, for outputs that
-        score hidden states against the catalog (:mod:`merlin_models_de.vocab_parallel`).
+        score hidden states against the catalog (:mod:`merlin_models_de.outputs.vocab_parallel`).
 
         Row slices give each rank its range; a table placed whole on one rank gives the
         others 0 rows. Column slices raise (every rank would hold part of every row).
@@ -228,7 +251,7 @@ class TableAccessMixin:
 
     def select_by_tag(self, tags):
         """The features tagged with any of ``tags``: this block when that is all of them,
-        None when none, else a :class:`~merlin_models_de.views.FeatureSelection` view (the
+        None when none, else a :class:`~merlin_models_de.block.views.FeatureSelection` view (the
         lookups stay collective: the view runs the whole block)."""
         return self.select_by_names_view(self.schema.select_by_tag(tags).column_names)
 

@@ -18,13 +18,13 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from merlin_models_de import comm
-from merlin_models_de.checkpoint_files import CheckpointError, inside, load_array, write_array
+from merlin_models_de.runtime import agree
+from merlin_models_de.persistence.files import (StorageError, inside, load_array, read_json,
+                                                write_array, write_json)
 
 FORMAT = "mmde-table/1"
 MANIFEST = "manifest.json"
@@ -49,8 +49,9 @@ def export_table(block, table: str, directory: str) -> str:
     shards = block.plan.stored_shards_of(table)
     spec = block.plan.table(table)
     dtype = np.dtype(block.backend.dtype.as_numpy_dtype)
-    error = None
-    try:
+    what = f"exporting table '{table}' to {directory}"
+
+    def write_parts():
         os.makedirs(directory, exist_ok=True)
         if block.rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
             os.remove(os.path.join(directory, MANIFEST))
@@ -59,42 +60,30 @@ def export_table(block, table: str, directory: str) -> str:
                 var, first = block.backend.shard_variable(shard)
                 write_array(inside(directory, _part_name(index), "table part"),
                             var[first:first + shard.rows].numpy())
-    except Exception as exc:  # pylint: disable=broad-except
-        error = f"{type(exc).__name__}: {exc}"
-    _raise_on_every_rank(comm.allgather_object(error, name="mmde_table_export_written"),
-                         table, directory)
-    if block.rank == 0:
+
+    def write_manifest():
         manifest = {"format": FORMAT, "table": table, "rows": spec.rows, "dim": spec.dim,
                     "dtype": dtype.name,
                     "parts": [{"file": _part_name(i), "row_start": s.row_start, "rows": s.rows,
                                "col_start": s.col_start, "cols": s.cols}
                               for i, s in enumerate(shards)]}
-        try:
-            temporary = os.path.join(directory, f".{MANIFEST}.tmp")
-            with open(temporary, "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=1)
-            os.replace(temporary, os.path.join(directory, MANIFEST))
-            error = None
-        except OSError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    _raise_on_every_rank(comm.allgather_object(error, name="mmde_table_export_manifest"),
-                         table, directory)
+        write_json(os.path.join(directory, MANIFEST), manifest)
+
+    agree.on_every_rank(what, write_parts, error_type=OSError, wrap_own=True)
+    agree.on_rank_zero(what, write_manifest, error_type=OSError)
     return directory
-
-
-def _raise_on_every_rank(errors, table, directory) -> None:
-    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
-    if failed:
-        rank, error = failed[0]
-        raise OSError(f"Exporting table '{table}' to {directory} failed on rank {rank}: {error}")
 
 
 def read_manifest(directory: str) -> dict:
     """The export's manifest, checked: format, shape and parts that tile the table."""
     path = os.path.join(directory, MANIFEST)
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        manifest = read_json(path, "Table export manifest")
+    except StorageError as exc:
+        if not os.path.exists(path):
+            raise StorageError(f"No table export in {directory}: {path} is missing.") from exc
+        raise
+    try:
         if manifest.get("format") != FORMAT:
             raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT!r}")
         rows, dim = int(manifest["rows"]), int(manifest["dim"])
@@ -108,10 +97,8 @@ def read_manifest(directory: str) -> dict:
                 covered[r0:r0 + nr, c0:c0 + nc] = True
         if covered is not None and not covered.all():
             raise ValueError("its parts do not cover the table")
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"No table export in {directory}: {path} is missing.") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"Table export manifest {path} is damaged: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StorageError(f"Table export manifest {path} is damaged: {exc}") from exc
     return manifest
 
 

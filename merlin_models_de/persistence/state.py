@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from merlin_models_de import compat
+from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.variables import (dense_weights, embedding_blocks, optimizer_parts,
                                         optimizer_variables, slots_of)
 
@@ -82,7 +82,7 @@ def model_state(model) -> ModelState:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return ModelState(blocks, dense, None, [])
-    compat.create_optimizer_slots(optimizer, model.trainable_variables)
+    keras_compat.create_optimizer_slots(optimizer, model.trainable_variables)
     state = ModelState(blocks, dense, optimizer, [])
     claimed = _claimed_slots(state, model.weights)
     _check_shard_slots(state, blocks)

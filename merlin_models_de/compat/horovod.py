@@ -1,0 +1,48 @@
+"""Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance."""
+from __future__ import annotations
+
+from merlin_models_de import comm
+from merlin_models_de.compat.versions import ensure_supported
+
+def distributed_optimizer(optimizer, is_local):
+    """``hvd.DistributedOptimizer`` around ``optimizer`` that registers every variable for
+    which ``is_local(var)`` holds as local, and averages the other gradients with
+    :func:`comm.average_gradients` (one grouped allreduce per dtype, named the same on every
+    rank, so graph-mode steps pair up)."""
+    ensure_supported()
+    comm.hvd()  # initialized
+    import horovod.tensorflow.keras as hvd_keras
+    import tensorflow as tf
+
+    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True)
+    allreduce = wrapped._allreduce  # pylint: disable=protected-access
+    # Horovod's own reduce function puts each gradient's allreduce behind a tf.cond, in a
+    # nested tf.function that autograph rewrites: ~1 s of the first step's tracing, and a
+    # function call per gradient every step. comm's grouped average is plain graph code.
+    average = tf.autograph.experimental.do_not_convert(comm.average_gradients)
+
+    def generic_names(grads, variables=None, use_generic_names=True):
+        del variables, use_generic_names
+        return average(grads)
+
+    def register_then_allreduce(grads, variables):
+        for var in variables:
+            if is_local(var):
+                wrapped.register_local_var(var)
+        return allreduce(grads, variables)
+
+    wrapped._allreduce_grads = generic_names  # pylint: disable=protected-access
+    wrapped._allreduce = register_then_allreduce  # pylint: disable=protected-access
+    return wrapped
+
+
+def is_horovod_optimizer(optimizer) -> bool:
+    """True when ``optimizer`` is already one of Horovod's distributed optimizers."""
+    return type(optimizer).__module__.startswith("horovod")
+
+
+def is_horovod_broadcast_callback(callback) -> bool:
+    """True for Horovod's ``BroadcastGlobalVariablesCallback`` (exactly that type)."""
+    import horovod.tensorflow.keras as hvd_keras
+
+    return type(callback) is hvd_keras.callbacks.BroadcastGlobalVariablesCallback

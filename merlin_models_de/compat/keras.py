@@ -1,0 +1,133 @@
+"""Keras' private API: optimizer slot creation, layer-name counters and the seed generator
+of unseeded initializers."""
+from __future__ import annotations
+
+import contextlib
+
+def creates_slots_per_variable(optimizer) -> bool:
+    """True for Keras' legacy optimizers (Horovod's wrappers of them included): they create a
+    variable's slots when it first gets a gradient, so slots created ahead of the first step
+    leave room for variables a model creates later. New-style optimizers build once."""
+    return optimizer is not None and hasattr(optimizer, "_create_all_weights")
+
+
+def create_optimizer_slots(optimizer, variables) -> None:
+    """Creates ``optimizer``'s slot variables for ``variables`` now (before saving or restoring
+    them), the way its first training step would; a no-op for slots that exist.
+
+    Raises:
+        NotImplementedError: naming the optimizer, when part of its state lives outside the
+            variables it reports, so that no checkpoint could hold it: Keras' loss-scale
+            wrappers (the dynamic loss scale) and new-style optimizers holding other variables
+            (Keras 2.12's Nadam keeps ``u_product`` and a Python counter).
+    """
+    import tensorflow as tf
+
+    from merlin_models_de.variables import optimizer_variables
+
+    if optimizer is None:
+        return
+    name = type(optimizer).__name__
+    if getattr(optimizer, "inner_optimizer", None) is not None:
+        raise NotImplementedError(
+            f"Checkpoints cannot hold the state of {name}: its dynamic loss scale lives "
+            f"outside the optimizer's variables. Received: optimizer={name}")
+    if hasattr(optimizer, "optimizers_and_blocks"):  # Merlin's MultiOptimizer
+        # The same assignment of variables to optimizers as its apply_gradients makes.
+        optimizer.var_optimizer_dict = {}
+        optimizer._get_trainable_variables_optimizer_dict(  # pylint: disable=protected-access
+            optimizer.optimizers_and_blocks, require_disjoint=True)
+        optimizer._get_trainable_variables_optimizer_dict(  # pylint: disable=protected-access
+            optimizer.update_optimizers_and_blocks, require_disjoint=False)
+        groups: dict = {}
+        for var in variables:
+            owner = optimizer.var_optimizer_dict.get(var.ref(), optimizer.default_optimizer)
+            groups.setdefault(id(owner), (owner, []))[1].append(var)
+        for owner, owned in groups.values():
+            create_optimizer_slots(owner, owned)
+        return
+    if hasattr(optimizer, "_create_all_weights"):  # legacy Keras optimizers
+        optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+        return
+    optimizer.build(variables)  # new-style Keras optimizers; builds once
+    known = {v.ref() for v in optimizer_variables(optimizer)}
+    # Hyperparameters are variables too, but not state: a restore on another world size
+    # must keep the (scaled) learning rate it was compiled with.
+    hyper = ("_iterations", "_learning_rate", "_current_learning_rate")
+    hidden = sorted(attr for attr, value in vars(optimizer).items()
+                    if isinstance(value, tf.Variable) and attr not in hyper
+                    and value.ref() not in known)
+    if hidden:
+        raise NotImplementedError(
+            f"Checkpoints cannot hold the state of {name}: it keeps {', '.join(hidden)} "
+            f"outside its variables. Received: optimizer={name}")
+
+
+
+@contextlib.contextmanager
+def keras_names_kept():
+    """Layers made inside take names without moving Keras' name counters afterwards.
+
+    Why: Horovod pairs collectives across ranks by name, and Keras derives the names of
+    layers, variables and gradients from per-process counters (``dense_5``, ``model_1``).
+    When rank 0 alone builds a model (the export's single-process copy), every layer any
+    rank builds later (a loaded model, say) would be named differently on rank 0 than on the
+    others, and their first broadcast or allreduce would wait forever.
+    """
+    from keras import backend
+
+    counters = backend.get_default_graph_uid_map()
+    saved, observed = dict(counters), set(backend.OBSERVED_NAMES)
+    try:
+        yield
+    finally:
+        counters.clear()
+        counters.update(saved)
+        backend.OBSERVED_NAMES.clear()
+        backend.OBSERVED_NAMES.update(observed)
+
+
+def _keras_seed_generator():
+    """Keras' own seed generator (a ``random.Random``) after ``set_random_seed``, else None."""
+    from keras import backend
+
+    return getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+
+
+def initializer_seeds() -> tuple:
+    """``(base, shared)`` for the shards' initializer seeds, drawn from the generator Keras'
+    unseeded initializers draw from. ``shared`` is the draw from Keras' own generator, the
+    same on every rank after ``set_random_seed`` on every rank, else None; ``base`` is it,
+    or else a draw from Python's ``random`` (this process's own)."""
+    import random
+
+    own = _keras_seed_generator()
+    shared = own.randint(1, int(1e9)) if own is not None else None
+    return (shared if shared is not None else random.randint(1, int(1e9))), shared
+
+
+@contextlib.contextmanager
+def same_randomness_on_every_rank(draws: int):
+    """Whatever runs inside leaves Keras' seed generators as ``draws`` seeds would.
+
+    Why: an unseeded Keras initializer draws its seed from Python's ``random`` (or Keras'
+    own generator after ``set_random_seed``) when it first runs, so a rank that initializes
+    more shards draws more seeds, and every layer built afterwards (a model's dense layers)
+    would start from different weights on different ranks, although every rank set the same
+    seed. Here the generators are rewound and advanced by ``draws`` (say, one per table) on
+    every rank alike.
+    """
+    import random
+
+    generators = [random]
+    own = _keras_seed_generator()
+    if own is not None:
+        generators.append(own)
+    states = [g.getstate() for g in generators]
+    try:
+        yield
+    finally:
+        for generator, state in zip(generators, states):
+            generator.setstate(state)
+            for _ in range(draws):
+                generator.randint(1, int(1e9))

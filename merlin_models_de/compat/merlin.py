@@ -1,0 +1,195 @@
+"""Merlin Models' private API: the model hooks, the output translation, the top-k encoder
+hook, the loader's sharding attributes and the schemas of a ``from_config`` copy."""
+from __future__ import annotations
+
+import functools
+
+from merlin_models_de.compat.versions import ensure_supported
+
+_MARK = "_mmde_hooks"
+
+def install_merlin_hooks(hooks) -> None:
+    """Wraps Merlin's ``BaseModel`` methods with ``hooks`` (idempotent).
+
+    ``hooks`` provides ``active(model)`` (adjust this model?), ``compile(original, model,
+    optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
+    ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
+    ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
+    ``predict``), ``before_fit(model)`` and ``rebuild_scope()`` (a context around every
+    model class's ``from_config``).
+    """
+    ensure_supported()
+    from merlin.models.tf.models import base as merlin_base
+
+    model_cls = merlin_base.BaseModel
+    if getattr(model_cls, _MARK, False):
+        return
+    compile_, evaluate_ = model_cls.compile, model_cls.evaluate
+    fit_, predict_ = model_cls.fit, model_cls.predict
+    add_callbacks = model_cls._add_horovod_callbacks  # pylint: disable=protected-access
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
+        if not hooks.active(self):
+            return compile_(self, optimizer, *args, **kwargs)
+        return hooks.compile(compile_, self, optimizer, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        if not hooks.active(self):
+            return evaluate_(self, x, *args, **kwargs)
+        hooks.check_batches(self, "evaluate", x, kwargs.get("steps"))
+        return hooks.evaluate(evaluate_, self, x, *args, **kwargs)
+
+    def fit(self, x=None, *args, **kwargs):
+        if hooks.active(self):
+            hooks.check_batches(self, "fit", x, kwargs.get("steps_per_epoch"))
+            hooks.before_fit(self)
+        return fit_(self, x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        if hooks.active(self):
+            hooks.check_batches(self, "predict", x, kwargs.get("steps"))
+        return predict_(self, x, *args, **kwargs)
+
+    def _add_horovod_callbacks(self, callbacks):
+        callbacks = add_callbacks(self, callbacks)
+        return hooks.fit_callbacks(self, callbacks) if hooks.active(self) else callbacks
+
+    model_cls.compile, model_cls.evaluate = compile, evaluate
+    model_cls.fit, model_cls.predict = fit, predict
+    model_cls._add_horovod_callbacks = _add_horovod_callbacks  # pylint: disable=protected-access
+    for cls in [c for c in vars(merlin_base).values()
+                if isinstance(c, type) and issubclass(c, model_cls) and "save" in c.__dict__]:
+        cls.save = _wrapped_save(cls.__dict__["save"], hooks)
+    for cls in [model_cls] + [c for c in vars(merlin_base).values()
+                              if isinstance(c, type) and issubclass(c, model_cls)
+                              and c is not model_cls and "from_config" in c.__dict__]:
+        cls.from_config = _scoped_from_config(cls.from_config.__func__, hooks)
+    setattr(model_cls, _MARK, True)
+
+
+def install_output_hooks(accepts, tie) -> None:
+    """Lets Merlin's ``CategoricalOutput`` and ``ContrastiveOutput`` take more kinds of
+    ``to_call`` (idempotent): where ``accepts(to_call)``, ``tie(output_cls, to_call, kwargs)``
+    returns the ``(to_call, kwargs)`` Merlin is called with. Both classes test
+    ``isinstance(to_call, EmbeddingTable)`` to tie weights; a block's table handle is no
+    Keras layer, so it is translated before Merlin sees it."""
+    ensure_supported()
+    from merlin.models.tf.outputs.classification import CategoricalOutput
+    from merlin.models.tf.outputs.contrastive import ContrastiveOutput
+
+    for cls in (CategoricalOutput, ContrastiveOutput):
+        if cls.__dict__.get(_MARK, False):
+            continue
+        cls.__init__ = _translating_init(cls, cls.__init__, accepts, tie)
+        setattr(cls, _MARK, True)
+
+
+def install_top_k_encoder_hook(top_k_layer) -> None:
+    """Lets ``RetrievalModelV2.to_top_k_encoder()`` (no candidate dataset) work when the
+    model's output is tied to a table no rank holds whole (idempotent): where
+    ``top_k_layer(model, candidates, k)`` gives a Merlin ``TopKLayer`` (else None: Merlin's
+    own path), the encoder scores that layer instead; it may also raise, refusing the call."""
+    ensure_supported()
+    from merlin.models.tf.core.encoder import TopKEncoder
+    from merlin.models.tf.models.base import RetrievalModelV2
+    from merlin.schema import Tags
+
+    if RetrievalModelV2.__dict__.get(_MARK, False):
+        return
+    original = RetrievalModelV2.to_top_k_encoder
+
+    @functools.wraps(original)
+    def to_top_k_encoder(self, candidates=None, candidate_id=Tags.ITEM_ID,
+                         strategy="brute-force-topk", k=10, **kwargs):
+        layer = top_k_layer(self, candidates, k)
+        if layer is None:
+            return original(self, candidates, candidate_id, strategy, k, **kwargs)
+        target = self.encoder._schema.select_by_tag(candidate_id).first.name
+        return TopKEncoder(self.query_encoder, topk_layer=layer, k=k, target=target)
+
+    RetrievalModelV2.to_top_k_encoder = to_top_k_encoder
+    setattr(RetrievalModelV2, _MARK, True)
+
+
+def _translating_init(cls, original, accepts, tie):
+    @functools.wraps(original)
+    def __init__(self, to_call=None, *args, **kwargs):
+        if accepts(to_call):
+            to_call, kwargs = tie(cls, to_call, kwargs)
+        original(self, to_call, *args, **kwargs)
+
+    return __init__
+
+
+def _scoped_from_config(original, hooks):
+    """``from_config`` inside ``hooks.rebuild_scope()``: a model rebuilt from its config (by
+    ``load_model`` or a copy) binds its outputs' table names to its own blocks."""
+    @functools.wraps(original)
+    def from_config(cls, *args, **kwargs):
+        with hooks.rebuild_scope():
+            return original(cls, *args, **kwargs)
+
+    return classmethod(from_config)
+
+
+def _wrapped_save(original, hooks):
+    def save(self, *args, **kwargs):
+        if not hooks.active(self):
+            return original(self, *args, **kwargs)
+        return hooks.save(original, self, *args, **kwargs)
+
+    return save
+
+
+def take_local_rows(loader):
+    """Makes a Merlin ``Loader`` read every row of its dataset on this rank.
+
+    Under Horovod, ``mm.Loader`` shards by partition and broadcasts a shuffling seed; a
+    dataset that already holds only this rank's rows needs neither. (Its constructor turns a
+    ``global_rank`` of 0 into ``hvd.rank()``, so the attributes are reset afterwards.)
+    """
+    ensure_supported()
+    loader.global_size, loader.global_rank, loader.seed_fn = 1, 0, None
+    return loader
+
+
+
+def match_schemas(original, copy, opaque=()) -> None:
+    """Give each layer of ``copy`` (``original.__class__.from_config(original.get_config())``)
+    no schema where its counterpart in ``original`` has none.
+
+    Why: Merlin 23.8's ``SequentialBlock.__init__`` hands its first layer's schema to every
+    later layer. Rebuilt from a config, a DLRM's ``WithShortcut`` (interaction + bottom MLP)
+    thus gets the input schema, which it did not have, and from then on filters its inputs to
+    the schema's columns: the bottom MLP's output is dropped. The copy still runs, but its
+    config (what a SavedModel stores) now rebuilds a different model, which fails at load
+    time. Layers are paired in Keras' traversal order, not entering ``opaque`` layer types
+    (whose sublayers depend on the world size); a structural mismatch raises.
+    """
+    mine, theirs = _layers(original, opaque), _layers(copy, opaque)
+    pairs = list(zip(mine, theirs))
+    if len(mine) != len(theirs) or any(type(a) is not type(b) for a, b in pairs):
+        raise ValueError("The model rebuilt from its config has a different structure; "
+                         f"cannot export it. Received: {type(original).__name__}")
+    for mine, theirs in pairs:
+        if getattr(mine, "_schema", None) is None and getattr(theirs, "_schema", None) is not None:
+            theirs._schema = None  # pylint: disable=protected-access
+
+
+def _layers(layer, opaque) -> list:
+    """The schema-holding sublayers of ``layer`` in Keras' order, each once, without the
+    insides of ``opaque`` types (shared layers such as Merlin's context hold no schema)."""
+    out, seen = [], set()
+
+    def walk(parent):
+        for child in parent._flatten_layers(include_self=False, recursive=False):  # pylint: disable=protected-access
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if hasattr(type(child), "has_schema"):
+                out.append(child)
+            if not isinstance(child, opaque):
+                walk(child)
+
+    walk(layer)
+    return out
