@@ -9,6 +9,16 @@ PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 VENV="$ROOT/.venv"
 STAMP="$VENV/.merlin-models-de-setup"
+
+# The multi-host tests (tests/multihost) start Debian's sshd inside network-namespace "hosts";
+# without it (or without root / apt-get) they skip, saying why.
+if [[ ! -x /usr/sbin/sshd && $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+  echo "[setup] installing openssh-server for the multi-host tests"
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server \
+      || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+             --no-install-recommends openssh-server; }; } >/dev/null \
+    || echo "[setup] openssh-server did not install: the multi-host tests will skip"
+fi
 REQ_HASH="$(cat ci/requirements.txt ci/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$REQ_HASH" ]]; then

@@ -1,0 +1,38 @@
+"""A rank that makes no progress for MMDE_WATCHDOG seconds prints "rank R on host H stuck for
+S s", dumps its stacks and exits 3, which makes horovodrun end the job: a hang never stalls
+a test. Jobs call ``progress()`` at each step."""
+import faulthandler
+import os
+import socket
+import sys
+import threading
+import time
+
+_last = [time.monotonic()]
+
+
+def host():
+    """The host name horovodrun gave this rank (-H), else the machine's."""
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+
+
+def progress():
+    _last[0] = time.monotonic()
+
+
+def start(limit=None):
+    limit = float(limit or os.environ.get("MMDE_WATCHDOG", "120"))
+    rank = os.environ.get("HOROVOD_RANK", "?")
+
+    def watch():
+        while True:
+            time.sleep(1)
+            idle = time.monotonic() - _last[0]
+            if idle > limit:
+                sys.stderr.write(f"\n[merlin-models-de] rank {rank} on host "
+                                 f"{host()} stuck for {idle:.0f}s; its stacks:\n")
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                sys.stderr.flush()
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
