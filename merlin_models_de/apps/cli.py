@@ -71,6 +71,37 @@ def dataset_dir_problem(flag: str, path: str | None) -> str | None:
     return None
 
 
+def parquet_files_problem(flag: str, path: str | None) -> str | None:
+    """The problem with a dataset directory that holds no ``.parquet`` file (a schema only:
+    Merlin would try to read the schema as parquet), or None."""
+    if path is None or not os.path.isdir(path):
+        return None
+    for _, _, names in os.walk(path):
+        if any(name.endswith(".parquet") for name in names):
+            return None
+    return f"{flag} holds no .parquet files (only its schema?). Received: {flag}={path!r}"
+
+
+SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}  # optimizer slots per table row
+
+
+def memory_problem(what: str, needed: int, flag: str, value) -> str | None:
+    """The problem when ``needed`` bytes (one rank's) exceed this host's available memory
+    shared by its ranks, or None (also where the host does not report it)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024 // max(1, world()[2])
+    except (OSError, KeyError, ValueError):
+        return None
+    if needed <= available:
+        return None
+    gib = 2**30
+    return (f"{what} needs {needed / gib:.1f} GiB per rank, more than the "
+            f"{available / gib:.1f} GiB of memory available to each rank of this host. "
+            f"Received: {flag}={value}")
+
+
 def report_problem(problem: str, host_dependent: bool) -> None:
     """One line on stderr from rank 0; a host-dependent problem also from the first rank of
     every other host (rank 0 may not see it; the other ranks of a host see what it sees)."""

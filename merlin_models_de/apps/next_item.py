@@ -45,8 +45,9 @@ import time
 
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.apps.next_item_data import ITEM
-from merlin_models_de.apps.cli import (EMBEDDINGS, OneLineParser, checked_arguments,
-                                       dataset_dir_problem, ints, report_problem, world)
+from merlin_models_de.apps.cli import (EMBEDDINGS, SLOTS, OneLineParser, checked_arguments,
+                                       dataset_dir_problem, ints, memory_problem,
+                                       parquet_files_problem, report_problem, world)
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
 
@@ -113,7 +114,9 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--report", default=None, help="JSON run report path")
     out.add_argument("--cpu-threads", type=int, default=None,
                      help="TF threads per rank (default: cores / ranks on this host)")
-    out.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    out.add_argument("--quiet", action="store_true",
+                     help="accepted for older scripts: Keras' own epoch lines are off, "
+                          "the command prints one line per epoch")
     return ap
 
 
@@ -230,12 +233,25 @@ def resolve_dataset(args) -> str | None:
     return None
 
 
+def catalog_problem(args) -> str | None:
+    """The problem when one rank's part of the item table (with its optimizer slots) does not
+    fit in the memory this host has for each rank, or None."""
+    size = world()[0]
+    rows = -(-args.items // size)  # row-sliced over the ranks (at best)
+    needed = rows * args.dim * 4 * (1 + SLOTS[args.optimizer])
+    flag, value = ("--train-dir", repr(args.train_dir)) if args.train_dir else \
+        ("--items", args.items)
+    return memory_problem(f"The item table ({args.items:,} items x {args.dim} with "
+                          f"{args.optimizer}'s slots, over {size} rank(s))", needed, flag, value)
+
+
 def main(argv=None) -> int:
     """Entry point (console script ``merlin-models-de-next-item``); returns the exit code."""
     args = checked_arguments(parser(), argv, check_options, check_host)
     if args is None:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
-    problem = resolve_dataset(args)
+    problem = (resolve_dataset(args) or parquet_files_problem("--train-dir", args.train_dir)
+               or parquet_files_problem("--valid-dir", args.valid_dir) or catalog_problem(args))
     if problem:  # every rank reads the same schema files: every rank stops here
         report_problem(problem, host_dependent=True)
         return 2

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from merlin_models_de.planner.types import ShardingPlan
+from merlin_models_de.persistence.disk import write_failure
 
 FORMAT = "merlin-models-de/2"
 LATEST = "latest"
@@ -191,11 +192,26 @@ def write_latest(directory: str, name: str) -> None:
 # ---- arrays -----------------------------------------------------------------------------------
 
 
+class _Writer:
+    """A file seen by NumPy as a plain stream: it then writes through Python, whose errors
+    keep their errno (its own C writes report a full disk as "N requested and M written")."""
+
+    def __init__(self, f):
+        self.write = f.write
+
+
 def write_array(path: str, array) -> None:
-    """Saves one array as ``.npy`` (never pickled), creating its directory."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        np.lib.format.write_array(f, _c_order(array), allow_pickle=False)
+    """Saves one array as ``.npy`` (never pickled), creating its directory.
+
+    Raises:
+        OSError: naming the file, the rank and the cause (``No space left on device``).
+    """
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            np.lib.format.write_array(_Writer(f), _c_order(array), allow_pickle=False)
+    except OSError as exc:
+        raise write_failure(path, exc) from exc
 
 
 def _c_order(array) -> np.ndarray:
@@ -248,11 +264,18 @@ def load_array(path: str, shape, dtype):
 
 
 def write_arrays(path: str, arrays: dict) -> None:
-    """Saves ``{key: array}`` as an uncompressed ``.npz`` whose members are never pickled."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for key, value in arrays.items():
-            with archive.open(f"{key}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, _c_order(value), allow_pickle=False)
+    """Saves ``{key: array}`` as an uncompressed ``.npz`` whose members are never pickled.
+
+    Raises:
+        OSError: naming the file, the rank and the cause.
+    """
+    try:
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for key, value in arrays.items():
+                with archive.open(f"{key}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, _c_order(value), allow_pickle=False)
+    except OSError as exc:
+        raise write_failure(path, exc) from exc
 
 
 def read_arrays(path: str, expected: dict) -> dict:
@@ -420,6 +443,9 @@ class _ManifestReader:
         fmt = self.get(raw, "format", str, "format")
         if fmt != FORMAT:
             raise self.fail("format", fmt, f"is not supported (this version reads {FORMAT})")
+        ident = raw.get("id")  # unique per save (restores compare it across ranks)
+        if ident is not None and not isinstance(ident, str):
+            raise self.fail("id", ident, "must be a string")
         optimizer = raw.get("optimizer")
         if optimizer is not None and not isinstance(optimizer, str):
             raise self.fail("optimizer", optimizer, "must be a string or null")
@@ -503,7 +529,7 @@ def check_plan(plan: ShardingPlan, path: str, field: str = "plan") -> None:
                     f"'{table.name}' lies outside its table (rows={table.rows}, "
                     f"dim={table.dim}, world_size={plan.world_size}). Received: shard={s}")
         ranks = [s.rank for s in shards]
-        if len(set(ranks)) != len(ranks) or not _tiles(shards, table.rows, table.dim):
+        if len(set(ranks)) != len(ranks) or not tiles(shards, table.rows, table.dim):
             raise CheckpointError(
                 f"Malformed checkpoint manifest {path}: {field}, the saved shards of table "
                 f"'{table.name}' do not cover it exactly once (one shard per rank). "
@@ -514,15 +540,19 @@ def check_plan(plan: ShardingPlan, path: str, field: str = "plan") -> None:
                                   f"of an unknown table. Received: shard={s}")
 
 
-def _tiles(shards, rows, dim) -> bool:
-    """True when the rectangles cover ``rows x dim`` exactly once."""
+def tiles(shards, rows, dim) -> bool:
+    """True when the rectangles (``row_start, rows, col_start, cols``, inside the table) cover
+    ``rows x dim`` exactly once: their areas add up (exact integers, any size) and no two
+    overlap (a sweep down the rows, each rectangle compared with the ones still open)."""
     if sum(s.rows * s.cols for s in shards) != rows * dim:
         return False
-    for i, a in enumerate(shards):
-        for b in shards[i + 1:]:
-            if (a.row_start < b.row_start + b.rows and b.row_start < a.row_start + a.rows
-                    and a.col_start < b.col_start + b.cols and b.col_start < a.col_start + a.cols):
-                return False
+    open_ = []  # rectangles whose rows reach past the current row_start
+    for a in sorted(shards, key=lambda s: s.row_start):
+        open_ = [b for b in open_ if b.row_start + b.rows > a.row_start]
+        if any(a.col_start < b.col_start + b.cols and b.col_start < a.col_start + a.cols
+               for b in open_):
+            return False
+        open_.append(a)
     return True
 
 
@@ -571,12 +601,21 @@ def remove_checkpoint_dir(path: str) -> None:
     shutil.rmtree(trash)
 
 
-def prune(directory: str, current: str, keep: int | None) -> None:
+def leftovers(directory: str) -> list:
+    """Names of the temporaries in ``directory`` (interrupted saves and removals). Listed by
+    a writer when it takes the directory's lock: their writers no longer hold it."""
+    prefixes = (TMP_PREFIX, TRASH_PREFIX, LATEST_TMP_PREFIX)
+    return sorted(n for n in os.listdir(directory) if n.startswith(prefixes))
+
+
+def prune(directory: str, current: str, keep: int | None, stale=()) -> None:
     """Removes what the checkpoint ``current`` (which ``latest`` names) makes obsolete.
 
     Other checkpoints of the same step (superseded by ``current``), with ``keep`` the complete
-    checkpoints beyond the ``keep`` newest saves, and leftovers of interrupted saves. Best
-    effort: a failure warns, and the next save tries again.
+    checkpoints beyond the ``keep`` newest saves, and the temporaries named in ``stale``
+    (:func:`leftovers` of writers gone before this one took the lock) -- never a temporary
+    that appeared since: it may be another writer's save in progress. Best effort: a failure
+    warns, and the next save tries again.
     """
     entries = complete_checkpoints(directory)
     step = parse_name(current)[0]
@@ -586,12 +625,14 @@ def prune(directory: str, current: str, keep: int | None) -> None:
         doomed += [e for e in newest_first[keep:] if e.name != current]
     for entry in doomed:
         _try(remove_checkpoint_dir, os.path.join(directory, entry.name))
-    for name in os.listdir(directory):
+    for name in stale:
         path = os.path.join(directory, name)
+        if not os.path.lexists(path):
+            continue
         if name.startswith((TMP_PREFIX, TRASH_PREFIX)) and not os.path.islink(path) \
                 and os.path.isdir(path):
             _try(shutil.rmtree, path)
-        elif name.startswith((TMP_PREFIX, TRASH_PREFIX, LATEST_TMP_PREFIX)):
+        else:
             _try(os.remove, path)
 
 
@@ -601,6 +642,34 @@ def _try(action, path) -> None:
     except OSError as exc:
         warnings.warn(f"Could not remove {path} ({exc}); the next checkpoint save retries.",
                       RuntimeWarning, stacklevel=3)
+
+
+def check_complete(path: str) -> Manifest:
+    """Checks that every file the manifest of ``path`` lists exists with its size (the .npy
+    headers and sizes, the arrays in ``dense.npz``): run before ``latest`` may name it.
+
+    Raises:
+        CheckpointError: naming the first missing or incomplete file.
+    """
+    manifest = read_manifest(path)
+    for block in manifest.blocks:
+        for table in block.plan.tables:
+            for part in block.parts[table.name]:
+                for s in block.plan.stored_shards_of(table.name):
+                    check_array(shard_file(path, part.stem, s.rank), (s.rows, s.cols),
+                                part.dtype)
+    dense = os.path.join(path, DENSE)
+    try:
+        with zipfile.ZipFile(dense) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"Checkpoint file {dense} is missing or unreadable: {exc}") from exc
+    missing = sorted(f"{k}.npy" for k in manifest.dense_arrays())
+    missing = [n for n in missing if n not in names]
+    if missing:
+        raise CheckpointError(f"Checkpoint file {dense} lacks arrays the manifest lists. "
+                              f"Received: missing={missing}")
+    return manifest
 
 
 # ---- reading a whole checkpoint ---------------------------------------------------------------

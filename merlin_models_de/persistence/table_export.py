@@ -19,12 +19,13 @@ Example:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from merlin_models_de.runtime import agree
 from merlin_models_de.persistence.files import (StorageError, inside, load_array, read_json,
-                                                write_array, write_json)
+                                                tiles, write_array, write_json)
 
 FORMAT = "mmde-table/1"
 MANIFEST = "manifest.json"
@@ -75,7 +76,12 @@ def export_table(block, table: str, directory: str) -> str:
 
 
 def read_manifest(directory: str) -> dict:
-    """The export's manifest, checked: format, shape and parts that tile the table."""
+    """The export's manifest, checked: format, field types, shape, and parts that tile the
+    table exactly (arithmetic on the parts' rectangles, for tables of any size).
+
+    Raises:
+        StorageError: naming the manifest, the field and the value received.
+    """
     path = os.path.join(directory, MANIFEST)
     try:
         manifest = read_json(path, "Table export manifest")
@@ -83,23 +89,51 @@ def read_manifest(directory: str) -> dict:
         if not os.path.exists(path):
             raise StorageError(f"No table export in {directory}: {path} is missing.") from exc
         raise
+
+    def fail(why):
+        return StorageError(f"Table export manifest {path} is damaged: {why}")
+
+    def field(obj, key, kind, where, low=None):
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise fail(f"{where}{key} must be of type {kind.__name__}. "
+                       f"Received: {where}{key}={value!r}")
+        if low is not None and value < low:
+            raise fail(f"{where}{key} must be >= {low}. Received: {where}{key}={value!r}")
+        return value
+
+    if field(manifest, "format", str, "") != FORMAT:
+        raise fail(f"format {manifest['format']!r}, expected {FORMAT!r}")
+    rows, dim = field(manifest, "rows", int, "", 0), field(manifest, "dim", int, "", 0)
     try:
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT!r}")
-        rows, dim = int(manifest["rows"]), int(manifest["dim"])
-        np.dtype(manifest["dtype"])
-        covered = np.zeros((rows, dim), bool) if rows * dim <= 10**8 else None
-        for part in manifest["parts"]:
-            r0, nr, c0, nc = (int(part[k]) for k in ("row_start", "rows", "col_start", "cols"))
-            if r0 < 0 or c0 < 0 or nr < 0 or nc < 0 or r0 + nr > rows or c0 + nc > dim:
-                raise ValueError(f"part {part['file']!r} lies outside the {rows} x {dim} table")
-            if covered is not None:
-                covered[r0:r0 + nr, c0:c0 + nc] = True
-        if covered is not None and not covered.all():
-            raise ValueError("its parts do not cover the table")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise StorageError(f"Table export manifest {path} is damaged: {exc}") from exc
+        dtype = np.dtype(field(manifest, "dtype", str, ""))
+    except TypeError as exc:
+        raise fail(f"dtype is not a dtype. Received: dtype={manifest['dtype']!r}") from exc
+    if dtype.kind not in "biuf":
+        raise fail(f"dtype must be numeric. Received: dtype={manifest['dtype']!r}")
+    rectangles = []
+    for i, part in enumerate(field(manifest, "parts", list, "")):
+        where = f"parts[{i}]."
+        field(part, "file", str, where)
+        r0, nr, c0, nc = (field(part, k, int, where, 0)
+                          for k in ("row_start", "rows", "col_start", "cols"))
+        if r0 + nr > rows or c0 + nc > dim:
+            raise fail(f"part {part['file']!r} lies outside the {rows} x {dim} table. "
+                       f"Received: {part}")
+        if nr and nc:
+            rectangles.append(_Rectangle(r0, nr, c0, nc))
+    if not tiles(rectangles, rows, dim):
+        raise fail(f"its parts do not cover the table ({rows} x {dim}) exactly once. "
+                   f"Received: parts={manifest['parts']}")
     return manifest
+
+
+@dataclass(frozen=True)
+class _Rectangle:
+    row_start: int
+    rows: int
+    col_start: int
+    cols: int
 
 
 def _parts(directory: str, manifest: dict):

@@ -8,22 +8,22 @@ COLUMNS = ("a", "b", "c")
 ROWS = (50, 30, 10)
 
 
-def schema(columns=COLUMNS):
+def schema(columns=COLUMNS, rows=ROWS):
     from merlin.schema import Schema
 
     from tests.unit.helpers import cat
 
-    return Schema([cat(name, rows - 1) for name, rows in zip(columns, ROWS)])
+    return Schema([cat(name, n - 1) for name, n in zip(columns, rows)])
 
 
 class Tiny(tf.keras.Model):
     """The block's outputs, concatenated, into one dense unit."""
 
-    def __init__(self, columns=COLUMNS, dim=4):
+    def __init__(self, columns=COLUMNS, dim=4, rows=ROWS):
         from merlin_models_de import DistributedEmbeddings
 
         super().__init__()
-        self.emb = DistributedEmbeddings(schema(columns), dim=dim)
+        self.emb = DistributedEmbeddings(schema(columns, rows), dim=dim)
         self.head = tf.keras.layers.Dense(1)
 
     def call(self, inputs):
@@ -37,14 +37,14 @@ def data(rows=64, seed=0, columns=COLUMNS):
     return x, rng.random((rows, 1)).astype(np.float32)
 
 
-def build(optimizer=None, seed=1, columns=COLUMNS):
+def build(optimizer=None, seed=1, columns=COLUMNS, rows=ROWS, **compile_args):
     """A built Tiny model (compiled when ``optimizer`` is given: a zero-argument factory)."""
     tf.keras.utils.set_random_seed(seed)
-    model = Tiny(columns)
+    model = Tiny(columns, rows=rows)
     x, _ = data(columns=columns)
     model({k: v[:2] for k, v in x.items()})
     if optimizer is not None:
-        model.compile(optimizer(), "mse")
+        model.compile(optimizer(), "mse", **compile_args)
     return model
 
 

@@ -72,6 +72,14 @@ def test_train_dir_without_schema_is_refused(tmp_path, capsys):
     assert "--train-dir has no Merlin schema" in err and str(tmp_path) in err
 
 
+def test_a_train_dir_with_a_schema_only_exits_2_naming_it(tmp_path, capsys):
+    (tmp_path / "schema.pbtxt").write_text("")
+    assert dlrm.main(["--train-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --train-dir holds no .parquet files (only its schema?). "
+                   f"Received: --train-dir={str(tmp_path)!r}"], err
+
+
 def test_synthetic_rows_do_not_depend_on_world_size():
     from merlin_models_de.schemas import synthetic_schema
 

@@ -257,6 +257,22 @@ def test_the_item_column_is_the_one_item_id_list_column_and_its_domain_the_catal
                                      "integer domain max (the catalog is max + 1 rows).")
 
 
+def test_a_dataset_directory_with_a_schema_only_exits_2_naming_it(tmp_path, capsys):
+    train = _schema_dir(tmp_path / "train", [_item("a")])
+    code, err = _main(["--train-dir", train, "--valid-dir", train], capsys)
+    assert code == 2 and err == [f"error: --train-dir holds no .parquet files (only its "
+                                 f"schema?). Received: --train-dir={train!r}"], err
+
+
+def test_a_catalog_too_big_for_memory_exits_2_with_one_line(capsys):
+    code, err = _main(["--items", str(10**12), "--dim", "64"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: The item table (1,000,000,000,000 items x 64 with "
+                             "adam's slots, over 1 rank(s)) needs 715255.7 GiB per rank, "
+                             "more than the "), err
+    assert err[0].endswith("Received: --items=1000000000000"), err
+
+
 @pytest.mark.parametrize("case, message", [
     ("two item columns", "error: --train-dir's schema must have exactly one item-id list "
                          "column (tags ITEM and ID, a list); it has 2 such columns ['a', 'b']"),

@@ -1,0 +1,155 @@
+"""One writer at a time in a checkpoint directory: an exclusive lock file.
+
+A save takes ``directory/.lock`` (created with ``O_CREAT | O_EXCL``, so exactly one writer
+succeeds) for as long as it writes, and removes it at the end. The file names its holder:
+host, pid, job id and start time. A second job that tries to save meanwhile is refused with
+an error naming that holder, instead of both writing (and pruning) the same directory.
+
+A lock is *stale* when its holder cannot be writing any more: its pid is gone on this host,
+or (another host, whose processes cannot be seen from here) it is older than
+:data:`STALE_AFTER_SECONDS`. A stale lock is taken over with a warning, and the leftovers of
+the saves of earlier holders are theirs to lose: the new holder removes them.
+
+Example:
+    >>> with DirectoryLock("ckpt/") as lock:  # doctest: +SKIP
+    ...     write(lock.token)
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+import warnings
+
+from merlin_models_de.persistence.files import StorageError
+
+LOCK = ".lock"
+# A lock from another host is trusted this long (a save of the largest tables takes minutes).
+STALE_AFTER_SECONDS = 6 * 3600
+_JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "HOROVOD_JOB_ID")
+
+
+class CheckpointLockedError(StorageError):
+    """Another live job holds the checkpoint directory (the message names it)."""
+
+
+def _job_id() -> str | None:
+    return next((os.environ[v] for v in _JOB_VARIABLES if os.environ.get(v)), None)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError, TypeError):
+        return True  # exists (owned by someone else), or unreadable: assume it is alive
+    return True
+
+
+def describe(holder: dict) -> str:
+    """``host=..., pid=..., job=..., started=<UTC time>`` of a lock's holder."""
+    started = holder.get("started")
+    when = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+            if isinstance(started, (int, float)) else repr(started))
+    return (f"host={holder.get('host')!r}, pid={holder.get('pid')!r}, "
+            f"job={holder.get('job')!r}, started={when}")
+
+
+class DirectoryLock:
+    """The exclusive right to write ``directory`` (see the module doc)."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.path = os.path.join(directory, LOCK)
+        self.token = uuid.uuid4().hex[:16]
+        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "job": _job_id(),
+                       "started": time.time(), "token": self.token}
+        self.took_over = False  # True when a stale lock was replaced: its leftovers are ours
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def acquire(self) -> None:
+        """Takes the lock, or raises :class:`CheckpointLockedError` naming its live holder."""
+        os.makedirs(self.directory, exist_ok=True)
+        for _ in range(3):  # a lock removed between our attempts is retried, not misread
+            if self._create():
+                return
+            other = self._read()
+            if other is None:
+                continue
+            why = self._stale(other)
+            if why is None:
+                raise CheckpointLockedError(
+                    f"Checkpoint directory {self.directory} is being written by another job "
+                    f"({describe(other)}). Two jobs must not save into one directory: use "
+                    f"another directory, or wait for that job. If it is gone, remove "
+                    f"{self.path}. Received: directory={self.directory!r}")
+            warnings.warn(f"Taking over the stale lock {self.path} of {describe(other)}: "
+                          f"{why}.", RuntimeWarning, stacklevel=3)
+            if self._read() == other:  # nobody else took it over meanwhile
+                _remove(self.path)
+                self.took_over = True
+        raise CheckpointLockedError(f"Could not take the lock {self.path}: other jobs keep "
+                                    f"taking it. Received: directory={self.directory!r}")
+
+    def release(self) -> None:
+        """Removes the lock file if it is still ours."""
+        other = self._read()
+        if other is not None and other.get("token") == self.token:
+            _remove(self.path)
+
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"Cannot create the checkpoint lock {self.path}: "
+                               f"{exc.strerror or exc}") from exc
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.holder, f)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+
+    def _read(self):
+        """The holder recorded in the lock file; None when it is gone; ``{}`` if unreadable
+        (a holder that crashed while writing it, or a foreign file: judged by its age)."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                holder = json.load(f)
+            return holder if isinstance(holder, dict) else {}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+
+    def _stale(self, other: dict) -> str | None:
+        """Why ``other``'s lock is stale, or None when its holder may still be writing."""
+        if other.get("host") == self.holder["host"] and "pid" in other:
+            if other["pid"] == os.getpid():  # saves of one process run one after the other
+                return "this process left it (an interrupted save)"
+            if not _alive(other["pid"]):
+                return f"process {other['pid']} no longer runs on this host"
+        try:
+            age = time.time() - os.path.getmtime(self.path)
+        except OSError:
+            return None
+        if age > STALE_AFTER_SECONDS:
+            return f"it is {age / 3600:.1f} h old (more than {STALE_AFTER_SECONDS / 3600:g} h)"
+        return None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

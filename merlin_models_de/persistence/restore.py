@@ -1,0 +1,251 @@
+"""Restoring a sharded checkpoint: every rank the same one, and all of it or nothing.
+
+1. *Resolve*: rank 0 reads ``latest`` and every rank opens that checkpoint (a rank that read
+   ``latest`` itself could see another one: a concurrent writer moved it, or a shared file
+   system served a stale copy).
+2. *Check*: every rank reads the manifest and checks each file it needs against the manifest
+   and the model; the ranks compare the manifest's id, step, save number and world size, and
+   all stop when they differ.
+3. *Read*: every rank reads the rectangles of the saved shards that overlap its new shards
+   (through memory maps, in row chunks) into arrays shaped like its shards.
+4. *Write*: only when every rank has read every piece are the model's variables assigned.
+
+A failure in steps 1-3 on any rank -- a bad file, an I/O error on the fifth shard -- raises
+on every rank and leaves every rank's model as it was. The price: while restoring, a rank
+holds its own shards a second time.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from merlin_models_de import comm
+from merlin_models_de.runtime import agree
+from merlin_models_de.persistence.files import (DENSE, CheckpointError, check_array, dense_key,
+                                                inside, load_array, read_arrays, read_latest,
+                                                read_manifest, shard_file, state_key)
+from merlin_models_de.persistence.state import model_state, numpy_dtype
+
+CHUNK_BYTES = 64 * 2**20
+
+
+def _stage(name: str, work, share=None):
+    return agree.on_every_rank(f"checkpoint {name}", work, share, error_type=CheckpointError)
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """Path of the newest complete checkpoint in ``directory``, or None.
+
+    Raises:
+        CheckpointError: when ``latest`` names anything but a checkpoint inside ``directory``.
+    """
+    return read_latest(directory)
+
+
+@dataclass
+class _Restore:
+    """Everything a restore writes, gathered (and checked) before anything is written."""
+
+    manifest: object
+    copies: list = field(default_factory=list)  # (file, saved shard, dtype, target, shard, first)
+    assigns: list = field(default_factory=list)  # (variable, array)
+    shards: list = field(default_factory=list)  # (variable, first row, array), once read
+
+
+def restore_checkpoint(model, directory: str) -> dict:
+    """Collective: restores the latest checkpoint of ``directory`` into ``model``.
+
+    The model may run on another world size or strategy than the one that saved. Its
+    optimizer (if compiled) gets its slots created and restored with the rest of its state.
+    Every rank restores the checkpoint rank 0 finds, and nothing is written into any rank's
+    model before every rank has checked and read all it needs (see the module doc): a restore
+    that fails leaves the model's weights as they were (only slots the optimizer lacked are
+    created, as its first step would).
+
+    Returns:
+        The manifest (``step``, ``world_size``, ...).
+
+    Raises:
+        FileNotFoundError: when ``directory`` holds no complete checkpoint.
+        CheckpointError: naming the file, when a file is missing, malformed, unreadable or
+            does not fit the model (a ``ValueError``); naming the ranks, when they see
+            different checkpoints.
+    """
+    _, names = _stage("restore (resolve)", lambda: _resolve(directory),
+                      share=lambda path: None if path is None else os.path.basename(path))
+    if names[0] is None:
+        raise FileNotFoundError(f"No complete checkpoint in directory. Received: {directory!r}")
+    plan, seen = _stage("restore (check)", lambda: _plan_restore(model, directory, names[0]),
+                        share=lambda p: _identity(p.manifest))
+    if any(s != seen[0] for s in seen):
+        raise CheckpointError(
+            f"The ranks see different checkpoints under the name {names[0]} in {directory} "
+            f"(a concurrent writer, or a file system that serves stale copies): nothing was "
+            f"restored. (id, step, save number, world size) per rank: {seen}")
+    _stage("restore (read)", lambda: _read(plan))
+    _stage("restore (write)", lambda: _apply(plan))
+    return plan.manifest.raw
+
+
+def _resolve(directory):
+    """Rank 0: the checkpoint ``latest`` names (None if there is none); others: nothing."""
+    return latest_checkpoint(directory) if comm.rank() == 0 else None
+
+
+def _identity(manifest) -> tuple:
+    return (manifest.raw.get("id"), manifest.step, manifest.sequence, manifest.world_size)
+
+
+def _plan_restore(model, directory, name) -> _Restore:
+    path = inside(directory, name, what="checkpoint")
+    manifest = read_manifest(path)
+    state = model_state(model)
+    saved = _match_blocks(manifest, state.blocks)
+    # Optimizer state moves only when both sides have it: a model restored for inference
+    # ignores it, and a checkpoint saved without it leaves the fresh optimizer as it is.
+    with_optimizer = state.optimizer is not None and manifest.optimizer is not None
+    plan = _Restore(manifest)
+    for block in state.blocks:
+        for shard in block.plan.shards_on(block.rank):
+            _plan_shard(plan, path, saved[block.name], block, shard, state, with_optimizer)
+    _plan_dense(plan, path, manifest, state, with_optimizer)
+    if state.optimizer is not None and manifest.optimizer is None:
+        plan.assigns.append((state.optimizer.iterations, np.asarray(manifest.step)))
+    return plan
+
+
+def _match_blocks(manifest, blocks) -> dict:
+    """``{block name: SavedBlock}``; raises naming the first block or table that differs."""
+    saved = {b.name: b for b in manifest.blocks}
+    if sorted(saved) != sorted(b.name for b in blocks):
+        raise CheckpointError(f"Checkpoint has embedding blocks {sorted(saved)} but the model "
+                              f"has {sorted(b.name for b in blocks)}. Received: "
+                              f"manifest={manifest.path}")
+    for block in blocks:
+        want = {t.name: (t.rows, t.dim) for t in saved[block.name].plan.tables}
+        have = {t.name: (t.rows, t.dim) for t in block.tables}
+        for name in sorted(set(want) | set(have)):
+            if want.get(name) != have.get(name):
+                raise CheckpointError(
+                    f"Checkpoint does not match the model in block '{block.name}', table "
+                    f"'{name}': checkpoint (rows, dim)={want.get(name)}, model "
+                    f"(rows, dim)={have.get(name)}. Received: manifest={manifest.path}")
+    return saved
+
+
+def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
+    """Adds the copies that fill this rank's ``shard`` (table and slots), files checked."""
+    var, first = block.backend.shard_variable(shard)
+    targets = dict(state.parts(var) if with_optimizer else [("table", var)])
+    parts = {p.name: p for p in saved.parts[shard.table]}
+    have = set(parts) if with_optimizer else {"table"}
+    if set(targets) != have:
+        raise CheckpointError(
+            f"Checkpoint {path} holds {sorted(have)} for table '{shard.table}', the model "
+            f"(optimizer {state.label}) needs {sorted(targets)}. Received: "
+            f"checkpoint optimizer={plan.manifest.optimizer}")
+    for name, target in targets.items():
+        part = parts[name]
+        if numpy_dtype(target) != part.dtype:
+            raise CheckpointError(
+                f"Checkpoint {path} holds table '{shard.table}' ({name}) as {part.dtype}, the "
+                f"model as {numpy_dtype(target)}. Received: dtype={part.dtype}")
+        for old in saved.plan.stored_shards_of(shard.table):
+            if _overlap(shard, old) is not None:
+                file = shard_file(path, part.stem, old.rank)
+                check_array(file, (old.rows, old.cols), part.dtype)
+                plan.copies.append((file, old, part.dtype, target, shard, first))
+
+
+def _plan_dense(plan, path, manifest, state, with_optimizer) -> None:
+    """Reads dense.npz (checked against the manifest) and pairs it with the model."""
+    if len(manifest.dense) != len(state.dense):
+        raise CheckpointError(f"Checkpoint has {len(manifest.dense)} dense weights, the model "
+                              f"{len(state.dense)}. Received: manifest={manifest.path}")
+    arrays = read_arrays(os.path.join(path, DENSE), manifest.dense_arrays())
+    for i, (w, saved) in enumerate(zip(state.dense, manifest.dense)):
+        _pair(plan, f"dense weight {i} ('{w.name}')", w, arrays[dense_key(i)], manifest)
+        if not with_optimizer:
+            continue
+        slots = state.slots(w)
+        names = [name for name, _, _ in saved.slots]
+        if sorted(slots) != sorted(names):
+            raise CheckpointError(
+                f"Checkpoint {path} holds slots {sorted(names)} for dense weight {i} "
+                f"('{w.name}'), the model's optimizer ({state.label}) has {sorted(slots)}. "
+                f"Received: checkpoint optimizer={manifest.optimizer}")
+        for k, name in enumerate(names):
+            _pair(plan, f"slot '{name}' of dense weight {i}", slots[name],
+                  arrays[dense_key(i, k)], manifest)
+    if with_optimizer:
+        _plan_optimizer_state(plan, manifest, state, arrays)
+
+
+def _plan_optimizer_state(plan, manifest, state, arrays) -> None:
+    saved = [(tuple(shape), np.dtype(dtype)) for _, shape, dtype in manifest.state]
+    have = [(tuple(v.shape), numpy_dtype(v)) for v in state.extra]
+    if saved != have:
+        raise CheckpointError(
+            f"The optimizer state in {manifest.path} ({manifest.optimizer}: "
+            f"{[n for n, _, _ in manifest.state]}) does not fit the model's optimizer "
+            f"({state.label}: {[v.name for v in state.extra]}). Received: "
+            f"optimizer={manifest.optimizer}")
+    for j, var in enumerate(state.extra):
+        plan.assigns.append((var, arrays[state_key(j)]))
+
+
+def _pair(plan, what, var, array, manifest) -> None:
+    if tuple(var.shape) != array.shape or numpy_dtype(var) != array.dtype:
+        raise CheckpointError(
+            f"Checkpoint {manifest.path}: {what} is {array.dtype} {array.shape}, the model's "
+            f"{numpy_dtype(var)} {tuple(var.shape)}. Received: shape={array.shape}")
+    plan.assigns.append((var, array))
+
+
+def _overlap(shard, old):
+    """``(r0, r1, c0, c1)``, the rectangle both shards cover, or None."""
+    r0 = max(shard.row_start, old.row_start)
+    r1 = min(shard.row_start + shard.rows, old.row_start + old.rows)
+    c0 = max(shard.col_start, old.col_start)
+    c1 = min(shard.col_start + shard.cols, old.col_start + old.cols)
+    return (r0, r1, c0, c1) if r0 < r1 and c0 < c1 else None
+
+
+def _read(plan) -> None:
+    """Reads every saved rectangle into arrays shaped like this rank's shards (the plan's
+    tiling check guarantees they are filled), then queues them for assignment."""
+    buffers = {}  # (id of target, first) -> (target, first, array)
+    for file, old, dtype, target, shard, first in plan.copies:
+        key = (id(target), first)
+        if key not in buffers:
+            buffers[key] = (target, first, np.empty((shard.rows, shard.cols), dtype))
+        try:
+            _copy(load_array(file, (old.rows, old.cols), dtype), old, shard,
+                  buffers[key][2])
+        except OSError as exc:
+            raise CheckpointError(f"Cannot read checkpoint file {file} on rank "
+                                  f"{comm.rank()}: {exc}") from exc
+    plan.shards = list(buffers.values())
+
+
+def _copy(data, old, shard, out) -> None:
+    """Fills ``out`` (this rank's ``shard``) from the saved shard ``old``, in row chunks."""
+    r0, r1, c0, c1 = _overlap(shard, old)
+    step = max(1, CHUNK_BYTES // max(1, (c1 - c0) * data.dtype.itemsize))
+    for lo in range(r0, r1, step):
+        hi = min(r1, lo + step)
+        out[lo - shard.row_start:hi - shard.row_start,
+            c0 - shard.col_start:c1 - shard.col_start] = \
+            data[lo - old.row_start:hi - old.row_start, c0 - old.col_start:c1 - old.col_start]
+
+
+def _apply(plan) -> None:
+    for target, first, array in plan.shards:
+        if first == 0 and tuple(target.shape) == array.shape:
+            target.assign(array)
+        else:
+            target[first:first + len(array)].assign(array)
+    for var, array in plan.assigns:
+        var.assign(array)
