@@ -27,7 +27,7 @@ import sys
 import time
 
 from merlin_models_de.apps.cli import (EMBEDDINGS, OneLineParser, checked_arguments,
-                                       dataset_dir_problem, ints, world)
+                                       dataset_dir_problem, ints, parquet_files_problem, world)
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.backends.wire import EXCHANGE_DTYPES
@@ -138,7 +138,9 @@ def check_host(args) -> str | None:
                 "(scripts/install_distributed_embeddings.sh). Received: "
                 "--backend=distributed-embeddings")
     return (dataset_dir_problem("--train-dir", args.train_dir)
-            or dataset_dir_problem("--valid-dir", args.valid_dir))
+            or dataset_dir_problem("--valid-dir", args.valid_dir)
+            or parquet_files_problem("--train-dir", args.train_dir)
+            or parquet_files_problem("--valid-dir", args.valid_dir))
 
 
 def check(args) -> str | None:
