@@ -14,9 +14,11 @@ import contextlib
 import contextvars
 
 import tensorflow as tf
+from merlin.models.tf.core.base import Block
 from merlin.schema import Schema
 
 from merlin_models_de.backends.lookup import combiner_weights
+from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import ShardingType
 from merlin_models_de.block.views import FeatureSelection
 
@@ -65,18 +67,60 @@ def table_named(name: str) -> "TableHandle":
                      "merlin_models_de.named_tables(block).")
 
 
-class TableHandle:
-    """One table of a block: its shape, schema and (collective) lookups."""
+@tf.keras.utils.register_keras_serializable(package="merlin_models_de")
+class TableHandle(Block):
+    """One table of a block: its shape, schema, (collective) lookups and ``trainable`` flag.
+
+    A Keras layer that Merlin and Keras find when they walk the block (``get_blocks_by_name``,
+    ``freeze_blocks``, ``MultiOptimizer``'s ``OptimizerBlocks``, ``summary``): its weights are
+    this rank's shards of the table (none where the rank holds no part of it), so setting
+    ``trainable`` freezes or resumes exactly this table. The block creates the variables and
+    is the only one that tracks them (checkpoints name tables, see
+    :mod:`merlin_models_de.persistence.keras_checkpoint`); the handle lists them untracked.
+    """
 
     def __init__(self, block, name: str):
-        self.block, self.name = block, name
-        self.spec = block.plan.table(name)
+        object.__setattr__(self, "block", block)  # untracked: the block is not its sublayer
+        super().__init__(name=name, trainable=block.table_trainable.get(name, True))
+        features = [block.schema[f.name] for f in block.plan.table(name).features]
+        self.set_schema(Schema(features))
 
+    spec = property(lambda self: self.block.plan.table(self.name))
     table_name = property(lambda self: self.name)
     input_dim = property(lambda self: self.spec.rows)
     dim = property(lambda self: self.spec.dim)
     table = property(lambda self: self)  # Merlin reads ``table.table.embeddings``
-    has_schema = True
+
+    @property
+    def built(self) -> bool:
+        return bool(self.block.built)
+
+    @built.setter
+    def built(self, value):  # Keras sets it; the block's build decides
+        del value
+
+    @property
+    def trainable(self) -> bool:
+        return self._trainable
+
+    @trainable.setter
+    def trainable(self, value):
+        value = bool(value)
+        if value != self._trainable and not self.block.per_table_trainable:
+            raise NotImplementedError(
+                f"backend={self.block.backend_name!r} trains all tables or none; cannot set "
+                f"trainable={value} on table '{self.name}' alone. Set the block's trainable, "
+                "or use backend='horovod'.")
+        self._trainable = value
+
+    def get_config(self):
+        return {"name": self.name, "table": self.name, "block": self.block.name}
+
+    @classmethod
+    def from_config(cls, config):
+        """The table of that name in the model being rebuilt (see :func:`named_tables`): a
+        handle is a view of its block, never made alone (a MultiOptimizer's config names it)."""
+        return table_named(config["table"])
 
     @property
     def features(self) -> dict:
@@ -86,10 +130,6 @@ class TableHandle:
     @property
     def col_schema(self):
         return next(iter(self.features.values()))
-
-    @property
-    def schema(self):
-        return Schema(list(self.features.values()))
 
     @property
     def sequence_combiner(self):
@@ -152,6 +192,9 @@ class TableHandle:
     def build(self, input_shapes=None):
         self.block._ensure_built()  # pylint: disable=protected-access
 
+    def call(self, inputs, **kwargs):
+        return self(inputs, **kwargs)
+
     def embedding_lookup(self, ids):
         """Collective: ``ids`` (any shape, any count per rank) -> ``[*ids.shape, dim]``."""
         self.block._ensure_built()  # pylint: disable=protected-access
@@ -205,6 +248,28 @@ class TableHandle:
         return f"TableHandle(name={self.name!r}, input_dim={self.input_dim}, dim={self.dim})"
 
 
+def bind_table_weights(block) -> None:
+    """After the block's build: each table's shards on this rank become its handle's weights
+    (Keras counts, trains and freezes them with the handle; the block keeps tracking them)."""
+    by_table: dict = {}
+    for shard in block.plan.shards_on(block.rank):
+        by_table.setdefault(shard.table, []).append(block.backend.shard_variable(shard)[0])
+    handles = block._handles()  # pylint: disable=protected-access
+    for table, variables in by_table.items():
+        keras_compat.hand_over_weights(block, handles[table], variables)
+
+
+def trainable_config(block, option):
+    """``trainable`` for the block's config: ``option`` (as constructed) while the tables'
+    flags are as it made them, else the flags now (after ``freeze_blocks``), by table."""
+    flags = {name: bool(h.trainable) for name, h in block._handles().items()}  # pylint: disable=protected-access
+    if not block.trainable:
+        return False
+    if flags == dict(block.table_trainable):
+        return option
+    return True if all(flags.values()) else flags
+
+
 class TableAccessMixin:
     """``block[name]``, ``embedding_tables``, iteration and ``select_by_*`` over tables."""
 
@@ -212,8 +277,12 @@ class TableAccessMixin:
         cache = self.__dict__.get("_mmde_handles")
         if cache is None:
             cache = {t.name: TableHandle(self, t.name) for t in self.tables}
-            object.__setattr__(self, "_mmde_handles", cache)  # untracked: owns no variables
+            object.__setattr__(self, "_mmde_handles", cache)  # untracked (see TableHandle)
         return cache
+
+    def untracked_sublayers(self) -> list:
+        """The table handles, as Keras and Merlin walk the block (see compat.keras)."""
+        return list(self.__dict__.get("_mmde_handles", {}).values())
 
     @property
     def embedding_tables(self) -> dict:

@@ -17,6 +17,7 @@ from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json
                                               tensorflow_metadata_json_to_schema)
 
 from merlin_models_de import comm, compat
+from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
 from merlin_models_de.block import regularization as reg
 from merlin_models_de.backends.lookup import sequence_output
@@ -26,7 +27,8 @@ from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.planner import placed_like
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.planner import validate_options
-from merlin_models_de.block.handles import TableAccessMixin, remember_block
+from merlin_models_de.block.handles import (TableAccessMixin, bind_table_weights,
+                                            remember_block, trainable_config)
 from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
 from merlin_models_de.tables import feature_order, is_layer_combiner, tables_from_schema
 
@@ -35,10 +37,18 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set
 UNSUPPORTED_TABLE_KWARGS = {
     "embeddings_constraint": "None", "mask_zero": "False", "weights": "None (use "
     "embeddings_initializer or set_global_weights)", "table": "None"}
+# EmbeddingOptions' fields, which Merlin's own code passes to mm.Embeddings (Wide&Deep) and
+# users copy from it: mm.Embeddings forwards to its tables only what EmbeddingTable takes and
+# drops these, so its table sizes come from ``dim`` / ``infer_dim_fn`` alone. The same here.
+IGNORED_LIKE_MERLIN = ("embedding_dims", "embedding_dim_default", "infer_embedding_sizes",
+                       "infer_embedding_sizes_multiplier",
+                       "infer_embeddings_ensure_dim_multiple_of_8", "embeddings_initializers")
+
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin, Block):
+class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin,
+                            keras_compat.UntrackedSublayersMixin, Block):
     """Model-parallel embedding tables; a drop-in for ``mm.Embeddings``.
 
     Each rank holds only its share of the tables (see :mod:`merlin_models_de.planner`); the
@@ -140,7 +150,13 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             raise NotImplementedError(
                 f"backend={self.backend_name!r} trains all tables or none; tables {frozen} "
                 f"are frozen by trainable={trainable!r}. Use backend='horovod'.")
+        self._handles()  # every rank makes the same layers, in the same order
         remember_block(self)  # where a deserialized tied output finds its table
+
+    @property
+    def per_table_trainable(self) -> bool:
+        """Can one table be frozen alone (``block[t].trainable = False``)?"""
+        return self.backend_name == "horovod"
 
     # ---- keras ---------------------------------------------------------------------------------
 
@@ -153,10 +169,12 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         return tf.keras.initializers.get(init or "uniform")
 
     def build(self, input_shapes):
-        per_table = self.backend_name == "horovod"  # the other backend takes one bool
-        trainable = (self.table_trainable.get if per_table
-                     else all(self.table_trainable.values()))
+        # per table, every variable is trainable and its handle's flag decides (so a table
+        # can be frozen and resumed); the other backend takes one bool
+        trainable = True if self.per_table_trainable else all(self.table_trainable.values())
         self.backend.build(self, self._initializer, trainable)
+        if self.per_table_trainable:
+            bind_table_weights(self)
         self.engine_layers = self.backend.sublayers()  # tracked: their weights are the block's
         # checkpoints and SavedModels name tables, not this rank's layout (see persistence/keras_checkpoint.py)
         self.table_checkpoints = TableCheckpoints(self)
@@ -239,7 +257,7 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             embeddings_initializer=_serialize(self.embeddings_initializer),
             embeddings_regularizer=_serialize(self.embeddings_regularizer,
                                               tf.keras.regularizers),
-            trainable=_plain(self._trainable_option),
+            trainable=trainable_config(self, _plain(self._trainable_option)),
             l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
             input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids,
             exchange_dtype=self.exchange_dtype, **self.options)
@@ -375,6 +393,8 @@ def _check_unsupported(activity_regularizer, table_cls, pre, post, aggregation, 
              "pre": (pre, "None"), "post": (post, "None"), "aggregation": (aggregation, "None")}
     if table_cls not in (None, EmbeddingTable):
         given["table_cls"] = (table_cls, "None or mm.EmbeddingTable")
+    for key in IGNORED_LIKE_MERLIN:
+        kwargs.pop(key, None)
     for key, default in UNSUPPORTED_TABLE_KWARGS.items():
         if key in kwargs:
             value = kwargs.pop(key)

@@ -4,11 +4,12 @@ from __future__ import annotations
 from merlin_models_de import comm
 from merlin_models_de.compat.versions import ensure_supported
 
-def distributed_optimizer(optimizer, is_local):
+def distributed_optimizer(optimizer, is_local, prefix="mmde_grad"):
     """``hvd.DistributedOptimizer`` around ``optimizer`` that registers every variable for
     which ``is_local(var)`` holds as local, and averages the other gradients with
     :func:`comm.average_gradients` (one grouped allreduce per dtype, named the same on every
-    rank, so graph-mode steps pair up)."""
+    rank, so graph-mode steps pair up; ``prefix`` starts those names: each optimizer of a step
+    needs its own)."""
     ensure_supported()
     comm.hvd()  # initialized
     import horovod.tensorflow.keras as hvd_keras
@@ -23,7 +24,7 @@ def distributed_optimizer(optimizer, is_local):
 
     def generic_names(grads, variables=None, use_generic_names=True):
         del variables, use_generic_names
-        return average(grads)
+        return average(grads, prefix)
 
     def register_then_allreduce(grads, variables):
         for var in variables:
@@ -46,3 +47,10 @@ def is_horovod_broadcast_callback(callback) -> bool:
     import horovod.tensorflow.keras as hvd_keras
 
     return type(callback) is hvd_keras.callbacks.BroadcastGlobalVariablesCallback
+
+
+def unwrapped(optimizer):
+    """The optimizer a Horovod ``DistributedOptimizer`` was made from (a new instance with its
+    configuration; Horovod subclasses the optimizer's class, so that class is its base)."""
+    base = type(optimizer).__bases__[0]
+    return base.from_config(optimizer.get_config())

@@ -131,3 +131,42 @@ def same_randomness_on_every_rank(draws: int):
             generator.setstate(state)
             for _ in range(draws):
                 generator.randint(1, int(1e9))
+
+
+class UntrackedSublayersMixin:
+    """A Keras layer whose ``untracked_sublayers()`` Keras and Merlin see when they walk it
+    (``_flatten_modules``: ``submodules``, the ``trainable`` setter, weights of children,
+    Merlin's ``get_blocks_by_name`` / ``MultiOptimizer``), although the layer does not track
+    them: tracked, they would become checkpoint dependencies of their own."""
+
+    def untracked_sublayers(self) -> list:
+        return []
+
+    def _flatten_modules(self, recursive=True, include_self=True):
+        yield from super()._flatten_modules(recursive=recursive, include_self=include_self)
+        for layer in self.untracked_sublayers():
+            if recursive:
+                yield from layer._flatten_modules(recursive=True, include_self=True)  # pylint: disable=protected-access
+            else:
+                yield layer
+
+
+def hand_over_weights(owner, holder, variables) -> None:
+    """Lists ``variables`` (created by ``owner.add_weight``) as ``holder``'s trainable
+    weights instead of ``owner``'s; ``owner`` keeps tracking them (checkpoints unchanged).
+    Keras then counts, trains or freezes them with ``holder``."""
+    refs = {v.ref() for v in variables}
+    for attr in ("_trainable_weights", "_non_trainable_weights"):
+        kept = [v for v in getattr(owner, attr) if v.ref() not in refs]
+        getattr(owner, attr)[:] = kept
+    known = {v.ref() for v in holder._trainable_weights}  # pylint: disable=protected-access
+    holder._trainable_weights.extend(v for v in variables if v.ref() not in known)  # pylint: disable=protected-access
+
+
+def retrack(owner, old, new) -> None:
+    """``owner`` (a Keras optimizer) tracks ``new`` under the name it tracked ``old`` by
+    (Merlin's MultiOptimizer names its optimizers ``Optimizer<i>``), so checkpoints of
+    ``owner`` hold the optimizer that now trains."""
+    for ref in list(owner._self_unconditional_checkpoint_dependencies):  # pylint: disable=protected-access
+        if ref.ref is old:
+            owner._track_trackable(new, name=ref.name, overwrite=True)  # pylint: disable=protected-access

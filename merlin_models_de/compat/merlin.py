@@ -2,6 +2,7 @@
 hook, the loader's sharding attributes and the schemas of a ``from_config`` copy."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from merlin_models_de.compat.versions import ensure_supported
@@ -193,3 +194,15 @@ def _layers(layer, opaque) -> list:
 
     walk(layer)
     return out
+
+
+@contextlib.contextmanager
+def optimizer_as_given(model):
+    """Inside, ``model.compile`` takes its optimizer as given: Merlin's ``_create_optimizer``
+    wraps each optimizer of a ``MultiOptimizer`` in Horovod's (again, when they already are)."""
+    ensure_supported()
+    model._create_optimizer = lambda optimizer: optimizer  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        del model._create_optimizer  # pylint: disable=protected-access

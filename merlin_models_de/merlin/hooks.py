@@ -35,21 +35,8 @@ from merlin_models_de.persistence.export import save_single_process
 from merlin_models_de.block.handles import TableHandle, named_tables
 from merlin_models_de.outputs.tied import tie_to_handle
 from merlin_models_de.outputs.topk import sharded_top_k_layer
-from merlin_models_de.variables import embedding_blocks, is_local, local_slot_refs
-
-
-def scaled_optimizer(optimizer, factor):
-    """A legacy Keras optimizer like ``optimizer`` with its learning rate times ``factor``."""
-    opt = tf.keras.optimizers.get(optimizer, use_legacy_optimizer=True)
-    config = opt.get_config()
-    lr = opt.learning_rate
-    if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
-        lr_config = lr.get_config()
-        lr_config["initial_learning_rate"] *= factor
-        config["learning_rate"] = lr.__class__.from_config(lr_config)
-    else:
-        config["learning_rate"] = float(tf.keras.backend.get_value(lr)) * factor
-    return opt.__class__.from_config(config)
+from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer
+from merlin_models_de.variables import embedding_blocks, local_slot_refs
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
@@ -118,9 +105,10 @@ class MerlinHooks:
 
     @staticmethod
     def compile(original, model, optimizer="rmsprop", *args, **kwargs):
-        if not horovod_compat.is_horovod_optimizer(optimizer):
-            optimizer = horovod_compat.distributed_optimizer(
-                scaled_optimizer(optimizer, comm.size()), is_local)
+        optimizer = distributed(optimizer)
+        if is_multi_optimizer(optimizer):  # Merlin would wrap its optimizers once more
+            with merlin_compat.optimizer_as_given(model):
+                return original(model, optimizer, *args, **kwargs)
         return original(model, optimizer, *args, **kwargs)
 
     @staticmethod

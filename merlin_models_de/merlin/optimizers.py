@@ -1,0 +1,79 @@
+"""The optimizer a model with the block trains with on N ranks (what ``compile`` gives Keras).
+
+Merlin's convention (learning rate times N, Horovod's ``DistributedOptimizer``) with the
+block's rules: local variables (shards and their slots) are registered local, never
+allreduced, and their gradients stay as they are (sparse ``IndexedSlices`` stay sparse, so
+``mm.LazyAdam`` updates only the rows a step looked up); the global gradients go in one
+grouped allreduce named the same on every rank.
+
+``mm.MultiOptimizer``: each optimizer inside is distributed the same way, the default one
+too (Merlin's own Horovod path leaves it alone, so the rest of the model would train on each
+rank's gradients only), each with its own collective names; the blocks stay the model's own
+(Horovod's wrapper would rebuild a MultiOptimizer from its config, blocks included).
+
+Example:
+    >>> model.compile(optimizer=distributed(mm.LazyAdam(0.01)))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from merlin_models_de import comm
+from merlin_models_de.compat import horovod as horovod_compat
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.variables import is_local
+
+
+def scaled_optimizer(optimizer, factor):
+    """A legacy Keras optimizer like ``optimizer`` with its learning rate times ``factor``."""
+    opt = tf.keras.optimizers.get(optimizer, use_legacy_optimizer=True)
+    config = opt.get_config()
+    lr = opt.learning_rate
+    if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
+        lr_config = lr.get_config()
+        lr_config["initial_learning_rate"] *= factor
+        config["learning_rate"] = lr.__class__.from_config(lr_config)
+    else:
+        config["learning_rate"] = float(tf.keras.backend.get_value(lr)) * factor
+    return opt.__class__.from_config(config)
+
+
+def is_multi_optimizer(optimizer) -> bool:
+    """Merlin's ``MultiOptimizer`` (one optimizer per group of blocks)."""
+    return hasattr(optimizer, "optimizers_and_blocks")
+
+
+def distributed(optimizer, prefix: str = "mmde_grad"):
+    """``optimizer`` for N ranks (see the module docstring). Made here already: kept (a
+    model compiled again); a Horovod ``DistributedOptimizer`` of the user's: rebuilt from the
+    optimizer inside (its learning rate as given; its ``compression`` is not applied)."""
+    if is_multi_optimizer(optimizer):
+        _distribute_each(optimizer)
+        return optimizer
+    if getattr(optimizer, "_mmde_distributed", False):
+        return optimizer
+    if horovod_compat.is_horovod_optimizer(optimizer):
+        # the user's hvd.DistributedOptimizer (learning rate scaled by them, as Merlin asks)
+        # would allreduce the shards too: the same optimizer, with the block's rules instead
+        inner = horovod_compat.unwrapped(optimizer)
+    else:
+        inner = scaled_optimizer(optimizer, comm.size())
+    out = horovod_compat.distributed_optimizer(inner, is_local, prefix=prefix)
+    out._mmde_distributed = True  # compiling again keeps it
+    return out
+
+
+def _distribute_each(multi) -> None:
+    done: dict = {}  # one optimizer given for several groups stays one optimizer
+
+    def swap(opt, prefix):
+        if id(opt) not in done:
+            done[id(opt)] = distributed(opt, prefix)
+        return done[id(opt)]
+
+    pairs = list(multi.optimizers_and_blocks) + list(multi.update_optimizers_and_blocks)
+    for i, pair in enumerate(pairs):
+        new = swap(pair.optimizer, f"mmde_grad_opt{i}")
+        keras_compat.retrack(multi, pair.optimizer, new)
+        pair.optimizer = new
+    multi.default_optimizer = swap(multi.default_optimizer, "mmde_grad_default")
