@@ -42,6 +42,14 @@ run_stage "horovodrun -np $NP tests" \
   timeout --kill-after=30 2400 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
     python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
 
+# Hosts as network namespaces with their own sshd (scripts/netns_hosts.sh): horovodrun in h1
+# starts ranks over ssh on h1..h3; training, checkpoints and lost hosts (tests/multihost; they
+# skip, saying why, where namespaces cannot be made). `down` also clears what a killed run left.
+run_stage "multi-host tests (namespace hosts over ssh)" \
+  timeout --kill-after=30 900 python -m pytest tests/multihost -p no:cacheprovider \
+    --timeout=450 -q -rs "$@"
+bash scripts/netns_hosts.sh down >/dev/null 2>&1 || true
+
 # Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,
 # one process and horovodrun -np 2 (about 8 minutes; ci/peer.sh, tests/peer/).
 run_stage "peer: Merlin Models tests with the swap" bash ci/peer.sh

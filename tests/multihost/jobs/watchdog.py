@@ -21,7 +21,7 @@ def progress():
 
 
 def start(limit=None):
-    limit = float(limit or os.environ.get("MMDE_WATCHDOG", "120"))
+    limit = float(limit or os.environ.get("MMDE_WATCHDOG", "300"))
     rank = os.environ.get("HOROVOD_RANK", "?")
 
     def watch():
