@@ -123,11 +123,16 @@ def _rows_of(column) -> int:
     kind = "Categorical column" if Tags.CATEGORICAL in column.tags else "Column"
     domain = column.int_domain
     if domain is None or domain.max is None:
+        dtype = _dtype_name(column)
+        # raw ids (strings, or integers nobody counted) need a dictionary first
+        fix = ("encode it with NVTabular's Categorify (nvt.ops.Categorify), which maps the "
+               "values to contiguous integer ids and writes the int_domain"
+               if dtype in ("string", "str", "object") or Tags.CATEGORICAL in column.tags
+               else "tag it CONTINUOUS or leave it out of the schema given to the embeddings")
         raise ValueError(
             f"{kind} '{column.name}' has no cardinality, so it cannot be embedded: its schema "
-            f"needs an integer dtype and an int_domain with a max (rows = max + 1); tag it "
-            f"CONTINUOUS or leave it out of the schema given to the embeddings. "
-            f"Received: dtype={_dtype_name(column)!r}, int_domain={domain!r}"
+            f"needs an integer dtype and an int_domain with a max (rows = max + 1); {fix}. "
+            f"Received: dtype={dtype!r}, int_domain={domain!r}"
         )
     if int(domain.max) <= 0:
         raise ValueError(

@@ -20,6 +20,7 @@ from merlin_models_de import comm, compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
 from merlin_models_de.block import regularization as reg
+from merlin_models_de.block.notices import one_rank_notice
 from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.backends.wire import exchange_dtype_name
@@ -142,6 +143,7 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         self.plan = make_plan(self.tables, self.world_size, **self.options)
+        one_rank_notice(self.world_size)  # once per process: nothing is split here
         reg.check_regularizers(self.table_regularizers, self.plan)
         self.backend = create(self.backend_name, self.plan, self.features, self.rank,
                               validate_ids=validate_ids, exchange_dtype=self.exchange_dtype)

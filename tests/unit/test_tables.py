@@ -57,6 +57,16 @@ def test_bad_cardinality_names_the_column(column, message):
         tables_from_schema(Schema([column]), dim=4)
 
 
+def test_a_raw_string_column_points_at_categorify():
+    raw = ColumnSchema("item_id", tags=[Tags.CATEGORICAL], dtype=str)
+    with pytest.raises(ValueError, match=r"Categorical column 'item_id' has no cardinality.*"
+                                         r"NVTabular's Categorify.*Received: dtype='str"):
+        tables_from_schema(Schema([raw]), dim=4)
+    score = ColumnSchema("score", dtype=np.float32)
+    with pytest.raises(ValueError, match=r"'score' has no cardinality.*tag it CONTINUOUS"):
+        tables_from_schema(Schema([score]), dim=4)
+
+
 def test_shared_table_disagreeing_on_rows_or_dim():
     schema = Schema([cat("a", 9, domain_name="g"), cat("b", 19, domain_name="g")])
     with pytest.raises(ValueError, match=r"'a' and 'b' share table 'g' but disagree on rows: 10 != 20"):
