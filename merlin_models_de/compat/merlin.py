@@ -154,6 +154,13 @@ def take_local_rows(loader):
     return loader
 
 
+def loader_rows(loader) -> int:
+    """Rows a Merlin ``Loader`` reads on this rank (per pass): the cached count its own
+    ``len`` is computed from. Call only when the loader has a partition for this rank."""
+    ensure_supported()
+    return int(loader._buff_len)  # pylint: disable=protected-access
+
+
 
 def match_schemas(original, copy, opaque=()) -> None:
     """Give each layer of ``copy`` (``original.__class__.from_config(original.get_config())``)

@@ -78,10 +78,39 @@ def sync_metric_results(model, results):
     return synced.get(model.metrics_names[0], results)
 
 
+def _merlin_dataset(data):
+    """The Merlin ``Dataset`` that ``data`` reads (itself, or a ``Loader``'s), else None."""
+    import merlin.models.tf as mm
+    from merlin.io import Dataset
+
+    if isinstance(data, mm.Loader):
+        return data.dataset
+    return data if isinstance(data, Dataset) else None
+
+
+def partitions_problem(method, data):
+    """Why ``data`` (a Merlin ``Dataset`` or ``Loader``) cannot feed every rank, or None.
+
+    Merlin's ``Loader`` deals whole partitions to the ranks; with fewer partitions than ranks
+    it fails with a bare ``IndexError`` (and a warning that suggests fewer processes)."""
+    import merlin.models.tf as mm
+
+    dataset = _merlin_dataset(data)
+    ranks = data.global_size if isinstance(data, mm.Loader) else comm.size()
+    if dataset is None or dataset.npartitions >= ranks:
+        return None
+    return (f"{method}: the dataset has {dataset.npartitions} partition(s) for {ranks} ranks; "
+            "Merlin's Loader gives each rank whole partitions, so a rank would get no data. "
+            f"Repartition it to a multiple of {ranks} before making the loader: "
+            f"ds = ds.repartition(npartitions={ranks}), then mm.Loader(ds, batch_size=B, "
+            "drop_last=True) so that every rank runs the same number of equal batches.")
+
+
 def batch_count(data):
     """Batches ``data`` gives per epoch where that is known without reading it (a Merlin
     ``Loader``, a Keras ``Sequence``, a ``tf.data.Dataset`` of known cardinality), else
-    None."""
+    None. A Merlin ``Loader`` must have a partition for this rank (see
+    :func:`partitions_problem`)."""
     import merlin.models.tf as mm
 
     if isinstance(data, tf.data.Dataset):
@@ -93,6 +122,16 @@ def batch_count(data):
         except TypeError:  # over data of unknown length
             return None
     return None
+
+
+def last_batch_rows(data):
+    """Rows of a Merlin ``Loader``'s short last batch on this rank (0: none, with
+    ``drop_last=True`` or a multiple of the batch size), None for other data."""
+    import merlin.models.tf as mm
+
+    if not isinstance(data, mm.Loader):
+        return None
+    return 0 if data.drop_last else merlin_compat.loader_rows(data) % data.batch_size
 
 
 class MerlinHooks:
@@ -113,25 +152,43 @@ class MerlinHooks:
 
     @staticmethod
     def check_batches(model, method, data, steps):
-        """Raises on every rank when the ranks would run different numbers of steps: each
-        step exchanges embeddings across ranks, so a rank that ran out of batches would
-        leave the others waiting in a collective. Unknown counts are not checked."""
+        """Raises on every rank, before any step, when the ranks would not run the same
+        number of equal batches: each step exchanges embeddings across ranks, so a rank that
+        ran out of batches would leave the others waiting in a collective, and a short last
+        batch on one rank fails that step. Checked: a Merlin dataset with fewer partitions
+        than ranks, batch counts, and a Merlin ``Loader``'s last batch without
+        ``drop_last``. Unknown counts are not checked."""
         del model
         def count():
-            found = steps if steps is not None else batch_count(data)
-            return -1 if found is None else int(found)
+            problem = partitions_problem(method, data)
+            if problem is not None:
+                raise ValueError(problem)  # the same on every rank: each raises its own
+            if steps is not None:
+                return int(steps), None
+            found = batch_count(data)
+            return (-1 if found is None else int(found)), last_batch_rows(data)
 
-        _, counts = agree.on_every_rank(f"{method}: counting each rank's batches", count,
+        _, shapes = agree.on_every_rank(f"{method}: counting each rank's batches", count,
                                         share=lambda c: c, error_type=ValueError)
+        counts = [c for c, _ in shapes]
+        given = "steps_per_epoch" if method == "fit" else "steps"
         known = [c for c in counts if c >= 0]
         if len(known) == len(counts) and len(set(known)) > 1:
-            given = "steps_per_epoch" if method == "fit" else "steps"
             raise ValueError(
                 f"{method}: every rank must run the same number of batches (each step "
                 f"exchanges embeddings across ranks). Batches per rank: "
                 f"{dict(enumerate(counts))}. Give every rank the same number of equal "
-                f"batches (a multiple of {len(counts)} partitions of equal size, "
-                f"mm.Loader(..., drop_last=True)), or pass {given}={min(known)}.")
+                f"batches (ds.repartition(npartitions=N) with N a multiple of {len(counts)}, "
+                f"partitions of equal size, mm.Loader(..., drop_last=True)), or pass "
+                f"{given}={min(known)}.")
+        lasts = [last for _, last in shapes]
+        if None not in lasts and len(set(lasts)) > 1:
+            raise ValueError(
+                f"{method}: the ranks' last batches differ in size (each step exchanges "
+                f"embeddings across ranks, so every rank's batch must be equal). Rows in the "
+                f"last batch per rank: {dict(enumerate(lasts))}. Make the loader with "
+                f"mm.Loader(ds, batch_size=B, drop_last=True), or pass "
+                f"{given}={max(min(known) - 1, 0)}.")
 
     @staticmethod
     def before_fit(model):

@@ -1,0 +1,90 @@
+"""The data rules of fit / evaluate / predict on 2 ranks, with a real one-file Merlin Dataset
+and a real mm.Loader: fewer partitions than ranks, or a short last batch without drop_last,
+raise one clear error on every rank before any step (never a bare IndexError), and the fix
+the message names works."""
+import pytest
+import tensorflow as tf
+
+from merlin_models_de import comm
+from tests.unit.horovod import fit_common
+
+ROWS = 101  # repartitioned in two: 50 and 51 rows, short last batches of 2 and 3 at batch 16
+BATCH = 16
+
+
+def still_in_step():
+    """A collective after the error: proves the ranks did not drift apart or hang."""
+    assert comm.allreduce(tf.constant(1.0), op="sum").numpy() == comm.size()
+
+
+@pytest.fixture(scope="module")
+def one_file_dataset(tmp_path_factory):
+    """A Merlin Dataset over one parquet file (one partition), the same rows on every rank."""
+    from merlin.datasets.synthetic import generate_data
+    from merlin.io import Dataset
+
+    schema = fit_common.schema()
+    path = tmp_path_factory.mktemp(f"one_file_r{comm.rank()}")
+    generate_data(schema, ROWS).to_ddf().compute().to_parquet(path / "part.0.parquet")
+    return Dataset(str(path), engine="parquet", schema=schema)
+
+
+@pytest.fixture(scope="module")
+def model():
+    built = fit_common.build_model({"strategy": "basic"})
+    built.compile(optimizer="sgd")
+    return built
+
+
+def calls(model, data, **kwargs):
+    return {"fit": lambda: model.fit(data, verbose=0, **kwargs),
+            "evaluate": lambda: model.evaluate(data, verbose=0, **kwargs),
+            "predict": lambda: model.predict(data, verbose=0, **kwargs)}
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_one_partition_for_two_ranks_names_repartition_and_drop_last(
+        hvd, model, one_file_dataset, drop_last):
+    import merlin.models.tf as mm
+
+    assert one_file_dataset.npartitions == 1
+    loader = mm.Loader(one_file_dataset, batch_size=BATCH, drop_last=drop_last)
+    for method, call in calls(model, loader).items():
+        with pytest.raises(ValueError, match=(
+                rf"^{method}: the dataset has 1 partition\(s\) for 2 ranks.*"
+                r"ds = ds\.repartition\(npartitions=2\).*drop_last=True")):
+            call()
+        still_in_step()
+
+
+def test_one_partition_given_as_a_dataset_is_refused_too(hvd, model, one_file_dataset):
+    for method, call in calls(model, one_file_dataset, batch_size=BATCH).items():
+        with pytest.raises(ValueError, match=rf"^{method}: the dataset has 1 partition.*"
+                                             r"repartition\(npartitions=2\)"):
+            call()
+    still_in_step()
+
+
+def test_a_short_last_batch_of_another_size_names_drop_last(hvd, model, one_file_dataset):
+    import merlin.models.tf as mm
+
+    loader = mm.Loader(one_file_dataset.repartition(npartitions=2), batch_size=BATCH)
+    for method, call in calls(model, loader).items():
+        given = "steps_per_epoch" if method == "fit" else "steps"
+        with pytest.raises(ValueError, match=(
+                rf"^{method}: the ranks' last batches differ in size.*"
+                r"\{0: 2, 1: 3\}.*drop_last=True.*" + rf"{given}=3")):
+            call()
+    still_in_step()
+
+
+def test_the_fix_the_message_names_runs(hvd, model, one_file_dataset):
+    import merlin.models.tf as mm
+
+    loader = mm.Loader(one_file_dataset.repartition(npartitions=2), batch_size=BATCH,
+                       drop_last=True)
+    history = model.fit(loader, verbose=0)
+    assert len(history.history["loss"]) == 1
+    assert set(model.evaluate(loader, verbose=0, return_dict=True)) >= {"loss"}
+    assert model.predict(loader, verbose=0).shape == (3 * BATCH, 1)
+    still_in_step()
