@@ -34,10 +34,11 @@ class _DropMovedModule(logging.Filter):
 def quiet_imports() -> None:
     """Silences Merlin's import warnings and TensorFlow's INFO logs for this process.
 
-    Idempotent. ``TF_CPP_MIN_LOG_LEVEL`` is only defaulted (to 1: warnings and errors still
-    show), so a user's own setting wins.
+    Idempotent. ``TF_CPP_MIN_LOG_LEVEL`` is only defaulted (to 2: TensorFlow's C++ errors
+    still show; its start-up INFO and WARNING lines about CPU features and unused GPUs do
+    not), so a user's own setting wins.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for text in MERLIN_NOISE:
         warnings.filterwarnings("ignore", message=text, category=UserWarning)
     tf_logger = logging.getLogger("tensorflow")

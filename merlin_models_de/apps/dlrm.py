@@ -84,7 +84,9 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--report", default=None, help="JSON run report path")
     out.add_argument("--cpu-threads", type=int, default=None,
                      help="TF threads per rank (default: cores / ranks on this host)")
-    out.add_argument("--quiet", action="store_true", help="no Keras progress bar")
+    out.add_argument("--quiet", action="store_true",
+                     help="accepted for older scripts: Keras' own epoch lines are off, "
+                          "the command prints one line per epoch")
     return ap
 
 

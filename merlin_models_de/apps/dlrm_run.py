@@ -207,7 +207,7 @@ def run(args, started: float, callbacks=()) -> dict:
         ours.append(CheckpointCallback(args.checkpoint_dir, args.checkpoint_every, **keep))
     fit = dict(validation_data=valid, validation_steps=valid_steps,
                callbacks=ours + list(callbacks),
-               verbose=0 if (args.quiet or rank != 0) else 2)
+               verbose=0)  # the command prints one line per epoch itself
     if done:  # the interrupted epoch: only the batches it had not trained yet
         model.fit(RestOfEpoch(train, done, steps), epochs=epoch + 1, initial_epoch=epoch,
                   steps_per_epoch=steps - done, **fit)

@@ -251,7 +251,7 @@ def run(args, started: float) -> dict:
         history = model.fit(_rest_of_epoch(train_ds, skip, steps), epochs=1,
                             steps_per_epoch=steps - skip, pre=pre,
                             callbacks=[clock] + ([saver] if saver else []),
-                            verbose=0 if (args.quiet or rank) else 2)
+                            verbose=0)  # the command prints one line per epoch itself
         phases.setdefault("first_epoch_trained", time.perf_counter() - started)
         sps, seconds = clock.warm(global_batch)
         loss = float(history.history["loss"][-1])

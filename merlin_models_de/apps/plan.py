@@ -1,8 +1,12 @@
 """Command line: print the placement plan of a schema for a world size.
 
 Usage:
-    merlin-models-de-plan criteo --world-size 4 --strategy memory_optimized \
-        --column-slice-threshold 16777216 --dim 16 --optimizer adagrad --device-memory 80GB
+    merlin-models-de-plan criteo --world-size 4 --column-slice-threshold 16777216 \
+        --device-memory 80GB
+
+Defaults are the DLRM command's (``memory_optimized``, dim 16, Adagrad), so a plan printed
+here is what that command places. After the per-rank totals, one line per rank lists its
+tables and slices with their rows and widths.
 
 The schema argument is a Merlin schema file (``schema.pbtxt`` / ``schema.json``), a dataset
 directory holding one, or the name of a Merlin synthetic dataset (``criteo``, ``aliccp-raw``,
@@ -18,7 +22,8 @@ import sys
 from dataclasses import dataclass
 
 from merlin_models_de.apps.console import quiet_imports
-from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, plan, validate_options
+from merlin_models_de.planner import (OPTIMIZER_SLOTS, STRATEGIES, ShardingType, plan,
+                                      validate_options)
 from merlin_models_de.planner.slicing import classify, column_slice_widths
 from merlin_models_de.schemas import load_schema
 from merlin_models_de.tables import human_bytes, tables_from_schema
@@ -174,18 +179,51 @@ def smallest_world_size(tables, capacity: int, optimizer: str, limit: int = MAX_
     return Fit(None, reason=why, plans=last - lowest + 1, checked_up_to=last)
 
 
+def shard_text(shard, table) -> str:
+    """One shard as ``name rows x width`` and what part of its table it is.
+
+    Example:
+        >>> from merlin_models_de.planner import Shard
+        >>> from merlin_models_de.tables import TableSpec
+        >>> t = TableSpec("C1", rows=1000, dim=16, features=())
+        >>> shard_text(Shard("C1", 1, ShardingType.COLUMN_WISE, 0, 1000, 8, 8), t)
+        'C1 1,000x8 (columns 8-15 of 16)'
+    """
+    text = f"{shard.table} {shard.rows:,}x{shard.cols}"
+    if shard.kind is ShardingType.COLUMN_WISE:
+        return text + f" (columns {shard.col_start}-{shard.col_start + shard.cols - 1} of {table.dim})"
+    if shard.kind is ShardingType.ROW_WISE:
+        return text + (f" (rows {shard.row_start:,}-{shard.row_start + shard.rows - 1:,} of "
+                       f"{table.rows:,})")
+    if shard.kind is ShardingType.DATA_PARALLEL:
+        return text + " (replicated)"
+    return text
+
+
+def rank_listing(placement) -> str:
+    """Each rank's tables and slices with their rows and widths, one line per rank."""
+    tables = {t.name: t for t in placement.tables}
+    return "\n".join(
+        f"rank {rank}: " + (", ".join(shard_text(s, tables[s.table])
+                                      for s in placement.shards_on(rank)) or "nothing")
+        for rank in range(placement.world_size))
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="merlin-models-de-plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("schema", help="schema file, dataset directory or synthetic dataset name")
     ap.add_argument("--world-size", "-n", type=int, default=2,
                     help=f"ranks to plan for (at most {MAX_WORLD_SIZE})")
-    ap.add_argument("--strategy", default="basic", choices=STRATEGIES)
+    # the DLRM command's defaults, so that its plan is what a bare run of it places
+    ap.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)
     ap.add_argument("--column-slice-threshold", type=int, default=None)
     ap.add_argument("--row-slice-threshold", type=int, default=None)
     ap.add_argument("--data-parallel-threshold", type=int, default=None)
-    ap.add_argument("--dim", type=int, default=None, help="embedding width (default: inferred)")
-    ap.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZER_SLOTS))
+    ap.add_argument("--dim", type=int, default=16,
+                    help="embedding width (default 16, as the DLRM command; 0: inferred "
+                         "from the cardinalities as mm.Embeddings does)")
+    ap.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZER_SLOTS))
     ap.add_argument("--dtype-bytes", type=int, default=4, choices=(2, 4, 8),
                     help="bytes per parameter (4: float32)")
     ap.add_argument("--device-memory", default=None,
@@ -215,12 +253,13 @@ def main(argv=None) -> int:
             raise ValueError(f"world_size must be <= {MAX_WORLD_SIZE}. "
                              f"Received: world_size={args.world_size}")
         capacity = parse_bytes(args.device_memory) if args.device_memory else None
-        tables = tables_from_schema(load_schema(args.schema), dim=args.dim)
+        tables = tables_from_schema(load_schema(args.schema), dim=args.dim or None)
         p = plan(tables, args.world_size, **options)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(p.summary(optimizer=args.optimizer, dtype_bytes=args.dtype_bytes))
+    print(rank_listing(p))
     if capacity is not None:
         fit = smallest_world_size(tables, capacity, args.optimizer,
                                   dtype_bytes=args.dtype_bytes, **options)

@@ -44,7 +44,27 @@ def test_schema_file_and_dataset_directory(tmp_path, synthetic_schema):
     for source in (str(tmp_path), str(tmp_path / "schema.pbtxt")):
         out = run(source, "--world-size", "2", "--dim", "8")
         assert out.returncode == 0, out.stderr
-        assert "world_size=2, strategy=basic" in out.stdout
+        assert "world_size=2, strategy=memory_optimized" in out.stdout
+
+
+def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
+    from merlin_models_de.apps import dlrm
+    from merlin_models_de.apps.plan import _parser
+
+    ours, theirs = _parser().parse_args(["criteo"]), dlrm.parser().parse_args([])
+    for option in ("strategy", "dim", "optimizer", "column_slice_threshold",
+                   "row_slice_threshold", "data_parallel_threshold"):
+        assert getattr(ours, option) == getattr(theirs, option), option
+    out = run("criteo", "--world-size", "2", "--column-slice-threshold", str(2**24))
+    assert out.returncode == 0, out.stderr
+    assert "strategy=memory_optimized, optimizer=adagrad (+1 slot copies)" in out.stdout
+    ranks = [l for l in out.stdout.splitlines() if l.startswith("rank ") and ":" in l]
+    assert [l.split(":")[0] for l in ranks] == ["rank 0", "rank 1"]
+    # Criteo's 10M-row tables (x16 = 2**27 elements) are cut into 2 column slices of 8
+    for rank, cols in ((0, "0-7"), (1, "8-15")):
+        assert f"C1 10,000,000x8 (columns {cols} of 16)" in ranks[rank], ranks[rank]
+    whole = [t for l in ranks for t in l.split(": ")[1].split(", ") if "(" not in t]
+    assert "C6 4x16" in whole and len(whole) == 26 - 5  # 5 tables above 2**24 are sliced
 
 
 @pytest.mark.parametrize("args, message", [
