@@ -1,0 +1,90 @@
+"""NVTabular workflows from the raw rows of examples/raw_data.py to what the block trains on.
+
+    python examples/preprocess.py RAW_DIR OUT_DIR [--partitions 2]
+
+Click log -> OUT_DIR/clicks/{train,valid}/ (parquet + schema.pbtxt) and the fitted workflow in
+OUT_DIR/clicks/workflow/; session events -> OUT_DIR/sessions/{train,valid,workflow}/. Each
+workflow is fitted on the training rows only; validation rows go through it as they are,
+so ids training never saw become the OOV id.
+
+NVTabular 23.08's ids for a categorical column: 0 padding (never written by Categorify; list
+columns are padded with it), 1 null, 2 out-of-vocabulary (with ``num_buckets=k``: 2..k+1,
+a hash of the value), then the vocabulary, most frequent first. The table a column needs
+has ``int_domain.max + 1`` rows, which is what the block reads from the schema.
+"""
+import argparse
+import os
+
+import nvtabular as nvt
+from merlin.io import Dataset
+from merlin.schema import Tags
+from nvtabular import ops
+
+MAX_SESSION_LENGTH = 20
+
+
+def click_workflow() -> nvt.Workflow:
+    """Every kind of categorical encoding the ranking model takes: a frequency threshold
+    (rare users share the OOV id), a vocabulary capped by ``max_size`` (items), hashed OOV
+    buckets for a long tail (categories), a plain vocabulary (device) and a list column
+    (tags, multi-hot; the block pools it). Continuous columns get their nulls filled and are
+    normalized; the label is tagged as the binary target."""
+    user = ["user_id"] >> ops.Categorify(freq_threshold=2) >> ops.TagAsUserID()
+    item = ["item_id"] >> ops.Categorify(max_size=400) >> ops.TagAsItemID()
+    category = ["category"] >> ops.Categorify(max_size=120, num_buckets=16)
+    device = ["device"] >> ops.Categorify()
+    tags = ["tags"] >> ops.Categorify()
+    # float32, as the model's inputs are (Normalize writes float64)
+    numbers = (["price", "age"] >> ops.FillMissing() >> ops.Normalize()
+               >> ops.LambdaOp(lambda col: col.astype("float32"), dtype="float32"))
+    label = ["click"] >> ops.AddMetadata(tags=[Tags.BINARY_CLASSIFICATION, Tags.TARGET])
+    return nvt.Workflow(user + item + category + device + tags + numbers + label)
+
+
+def session_workflow(max_length: int = MAX_SESSION_LENGTH) -> nvt.Workflow:
+    """Events -> one row per session: item ids (rare ones share the OOV id) and their
+    categories as lists in time order, cut to the last ``max_length`` events. The item list
+    carries the ITEM and ID tags the next-item command looks for."""
+    items = ["item_id"] >> ops.Categorify(freq_threshold=2) >> ops.TagAsItemID()
+    category = ["category"] >> ops.Categorify()
+    grouped = (["session_id", "timestamp"] + items + category) >> ops.Groupby(
+        groupby_cols=["session_id"], sort_cols=["timestamp"],
+        aggs={"item_id": ["list"], "category": ["list"]}, name_sep="-")
+    item_list = (grouped["item_id-list"] >> ops.ListSlice(-max_length)
+                 >> ops.Rename(name="item_id") >> ops.TagAsItemID()
+                 >> ops.AddMetadata(tags=[Tags.SEQUENCE]))
+    category_list = (grouped["category-list"] >> ops.ListSlice(-max_length)
+                     >> ops.Rename(name="category") >> ops.AddMetadata(tags=[Tags.SEQUENCE]))
+    return nvt.Workflow(item_list + category_list)
+
+
+def run(workflow: nvt.Workflow, raw_dir: str, out_dir: str, partitions: int = 2) -> None:
+    """Fits ``workflow`` on RAW_DIR/train.parquet, writes train and valid with
+    ``partitions`` parquet files each (at least the number of ranks that will train), and
+    saves the fitted workflow (Merlin Systems serves it in front of the model)."""
+    train = Dataset(os.path.join(raw_dir, "train.parquet"), engine="parquet")
+    valid = Dataset(os.path.join(raw_dir, "valid.parquet"), engine="parquet")
+    workflow.fit(train)
+    for name, data in (("train", train), ("valid", valid)):
+        # the loader deals whole partitions to the ranks: at least one per rank
+        workflow.transform(data).repartition(npartitions=partitions).to_parquet(
+            os.path.join(out_dir, name), output_files=partitions)
+    workflow.save(os.path.join(out_dir, "workflow"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("raw_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--partitions", type=int, default=2,
+                        help="parquet files per split (a multiple of the ranks that train)")
+    args = parser.parse_args(argv)
+    run(click_workflow(), os.path.join(args.raw_dir, "clicks"),
+        os.path.join(args.out_dir, "clicks"), args.partitions)
+    run(session_workflow(), os.path.join(args.raw_dir, "events"),
+        os.path.join(args.out_dir, "sessions"), args.partitions)
+    print(f"NVTabular output (parquet + schema) and workflows in {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()
