@@ -43,11 +43,14 @@ run_stage "horovodrun -np $NP tests" \
     python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
 
 # Hosts as network namespaces with their own sshd (scripts/netns_hosts.sh): horovodrun in h1
-# starts ranks over ssh on h1..h3; training, checkpoints and lost hosts (tests/multihost; they
-# skip, saying why, where namespaces cannot be made). `down` also clears what a killed run left.
+# starts ranks over ssh on h1..h3 (tests/multihost; they skip, saying why, where namespaces
+# cannot be made). `down` also clears what a killed run left. About 40 s. test_train.py,
+# test_faults.py and test_elastic.py's multi-host tests join this stage once they have passed
+# here (issue 26: written, not yet run).
 run_stage "multi-host tests (namespace hosts over ssh)" \
-  timeout --kill-after=30 900 python -m pytest tests/multihost -p no:cacheprovider \
-    --timeout=450 -q -rs "$@"
+  timeout --kill-after=30 600 python -m pytest tests/multihost/test_hosts.py \
+    "tests/multihost/test_elastic.py::test_elastic_needs_a_checkpoint_directory_and_a_commit_interval" \
+    -p no:cacheprovider --timeout=300 -q -rs "$@"
 bash scripts/netns_hosts.sh down >/dev/null 2>&1 || true
 
 # Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,

@@ -87,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--quiet", action="store_true",
                      help="accepted for older scripts: Keras' own epoch lines are off, "
                           "the command prints one line per epoch")
+    out.add_argument("--elastic", action="store_true",
+                     help="Horovod elastic (horovodrun --min-np/--max-np/--host-discovery-"
+                          "script): commit every --checkpoint-every steps, go on after a lost "
+                          "host (docs/multihost.md)")
     return ap
 
 
@@ -109,6 +113,10 @@ def check_options(args) -> str | None:
         if getattr(args, flag) is not None and not args.checkpoint_dir:
             name = "--" + flag.replace("_", "-")
             return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
+    if args.elastic and not (args.checkpoint_dir and args.checkpoint_every):
+        return ("--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
+                f"Received: --checkpoint-dir={args.checkpoint_dir!r} "
+                f"--checkpoint-every={args.checkpoint_every}")
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
     if not args.train_dir:
@@ -155,7 +163,10 @@ def main(argv=None) -> int:
     args = checked_arguments(parser(), argv, check_options, check_host)
     if args is None:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
-    from merlin_models_de.apps.dlrm_run import run
+    if args.elastic:
+        from merlin_models_de.apps.dlrm_elastic import run
+    else:
+        from merlin_models_de.apps.dlrm_run import run
 
     report = run(args, STARTED)
     return 0 if report else 1

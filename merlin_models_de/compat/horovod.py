@@ -1,4 +1,5 @@
-"""Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance."""
+"""Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance, and the
+elastic retry loop (its reset and run function)."""
 from __future__ import annotations
 
 from merlin_models_de import comm
@@ -47,6 +48,40 @@ def is_horovod_broadcast_callback(callback) -> bool:
     import horovod.tensorflow.keras as hvd_keras
 
     return type(callback) is hvd_keras.callbacks.BroadcastGlobalVariablesCallback
+
+
+def elastic_object_state():
+    """Horovod elastic's ``ObjectState`` (counters synced from rank 0, commit / restore / reset
+    hooks, host-update checks): the base class of the sharded state."""
+    ensure_supported()
+    from horovod.tensorflow.elastic import ObjectState
+
+    return ObjectState
+
+
+def elastic_run(func):
+    """Horovod elastic's retry loop around ``func(state)``: sync the state, run; when a rank is
+    lost, restore the last commit, re-initialize Horovod with the ranks left and reset.
+
+    Horovod 0.28.1's ``hvd.elastic.run`` turns a failed allreduce / allgather / broadcast into a
+    reset, but a failed alltoall (every sharded lookup's exchange) falls through its check
+    and the wrapped function returns None, as if training had finished. Here every failed
+    Horovod op resets."""
+    ensure_supported()
+    import tensorflow as tf
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.tensorflow.elastic import _reset  # pylint: disable=protected-access
+
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as error:
+            if "Horovod" not in (error.message or ""):
+                raise
+            raise HorovodInternalError(error) from error
+
+    return run_fn(wrapper, _reset)
 
 
 def unwrapped(optimizer):

@@ -29,6 +29,7 @@ LAYERS = [
     {"block"},
     {"outputs"},
     {"merlin"},
+    {"elastic"},
     {"apps"},
 ]
 # what may stay at the root: the small leaves of layer 0 and the public API

@@ -1,0 +1,1 @@
+"""Elastic training of sharded models (Horovod elastic, Gloo): ``ShardedState`` and ``run``."""

@@ -1,0 +1,110 @@
+"""Elastic training state for models with sharded tables (Horovod elastic, Gloo only).
+
+Horovod's ``KerasState`` keeps a copy of the weights in memory and broadcasts rank 0's on a
+reset: wrong for tables split across ranks, and a new world size needs shards of other
+shapes. Here a commit is a sharded checkpoint (each rank writes its own shards), and a reset
+rebuilds the model for the new world size (``build()`` re-plans the placement) and restores
+the last commit into it: tables, optimizer slots and dense weights. Training goes on at the
+step after that commit.
+
+Example (under ``horovodrun --gloo --min-np 1 --max-np 4 --host-discovery-script ...``):
+    >>> state = ShardedState(build, "/shared/ckpt", commit_every=50)      # doctest: +SKIP
+    >>> @run                                                               # doctest: +SKIP
+    ... def train(state):
+    ...     state.model.fit(batches_from(state.step), callbacks=[state.callback()])
+"""
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from merlin_models_de import comm
+from merlin_models_de.compat import horovod as compat_horovod
+from merlin_models_de.persistence.checkpoint import (latest_checkpoint, restore_checkpoint,
+                                                     save_checkpoint)
+
+
+def run(func):
+    """Decorates ``func(state, ...)``: on a lost rank (or a changed host set) the state is
+    reset and ``func`` called again, on the ranks there are now."""
+    return compat_horovod.elastic_run(func)
+
+
+@functools.lru_cache(maxsize=None)
+def _state_class():
+    base = compat_horovod.elastic_object_state()
+
+    class _ShardedState(base):
+        __doc__ = ShardedState.__doc__
+
+        def __init__(self, build, directory, commit_every, keep=None, **counters):
+            if int(commit_every) < 1:
+                raise ValueError(f"commit_every must be >= 1. Received: {commit_every}")
+            self._build, self.directory = build, directory
+            self.commit_every, self.keep, self.model = int(commit_every), keep, None
+            self.commits = []  # (step, seconds) of the commits this process made
+            super().__init__(bcast_object=comm.broadcast_object, get_rank=comm.rank,
+                             step=0, **counters)
+
+        def save(self):  # commit: a sharded checkpoint named after the step
+            start = tf.timestamp()
+            save_checkpoint(self.model, self.directory, step=self.step, keep=self.keep)
+            self.commits.append((self.step, float(tf.timestamp() - start)))
+            super().save()
+
+        def restore(self):  # a rank was lost: back to the counters of the last commit
+            super().restore()
+            self.model = None
+
+        def reset(self):  # Horovod now runs on other ranks: the model is rebuilt in sync()
+            self.model = None
+
+        def sync(self):
+            if self.model is None:
+                self.model = self._build()
+                if latest_checkpoint(self.directory) is None:  # first start: rank 0's dense
+                    save_checkpoint(self.model, self.directory, step=self.step, keep=self.keep)
+                restored = restore_checkpoint(self.model, self.directory)["step"]
+                super().sync()  # counters from rank 0 (a new worker has none of its own)
+                # the checkpoint is the truth: a rank lost after the checkpoint was complete
+                # but before the commit returned leaves the counters one commit behind
+                self.step = restored
+            else:
+                super().sync()
+
+        def callback(self):
+            """Keras callback: counts steps and commits every ``commit_every`` steps."""
+            return _CommitEvery(self)
+
+    return _ShardedState
+
+
+class ShardedState:
+    """``ShardedState(build, directory, commit_every, keep=None, **counters)``.
+
+    Args:
+        build: Returns the compiled model for the current world size (called on every rank
+            at the start and after each reset).
+        directory: The checkpoint directory every rank sees (shared storage on a cluster).
+        commit_every: Steps between commits (the steps a lost rank can cost).
+        keep: Complete checkpoints to keep (None: all).
+        counters: More values committed with the step and synced from rank 0 (epoch, ...).
+
+    ``state.step`` is the number of steps done; ``state.commit()`` checkpoints and raises
+    Horovod's ``HostsUpdatedInterrupt`` when hosts were added or removed.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        return _state_class()(*args, **kwargs)
+
+
+class _CommitEvery(tf.keras.callbacks.Callback):
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.step += 1
+        if self.state.step % self.state.commit_every == 0:
+            self.state.commit()

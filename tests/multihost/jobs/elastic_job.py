@@ -1,0 +1,82 @@
+"""Elastic job (horovodrun --min-np 1 --max-np 2 --host-discovery-script ...): the fit oracle's
+DLRM trained with Keras fit on a fixed global batch of G rows split over the ranks there are,
+a commit (sharded checkpoint) every 2 steps. On 2 ranks, rank 1 writes OUT/ready as it begins
+step 6 and then waits: the test kills its host. Rank 0 writes OUT/elastic.npz at the end: the
+loss and world size of each step, the checkpoint each start restored, the final weights.
+
+Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tests.multihost.jobs import watchdog
+
+G, STEPS, LR, EVERY = 32, 12, 0.05, 2
+
+
+def build_for(n, x):
+    from tests.unit.horovod import fit_common as fc
+
+    spec = dict(optimizer="adagrad", strategy="memory_balanced", column=4000, world_size=n,
+                per_rank=G // n)
+    model = fc.build_model(spec)
+    model(fc.take(x, 0, 2))
+    # Merlin multiplies the learning rate by the world size: the global batch is fixed here
+    model.compile(optimizer=fc.optimizer("adagrad", LR / n))
+    return model
+
+
+def main(src, out):
+    watchdog.start()
+    from merlin_models_de import comm
+    from merlin_models_de.elastic.state import ShardedState, run
+    from merlin_models_de.persistence.checkpoint import latest_checkpoint
+    from tests.unit.horovod import fit_common as fc
+
+    data = dict(np.load(src, allow_pickle=True))
+    data.pop("spec", None)
+    x, y = fc.split_xy(data, {})
+    state = ShardedState(lambda: build_for(comm.size(), x), os.path.join(out, "ckpt"),
+                         commit_every=EVERY)
+    record = {"loss": {}, "world": {}, "starts": []}
+
+    class Record(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            watchdog.progress()
+            if comm.size() == 2 and comm.rank() == 1 and state.step == 5:
+                open(os.path.join(out, "ready"), "w").close()
+                while True:  # the test kills this host now
+                    time.sleep(1)
+                    watchdog.progress()
+
+        def on_train_batch_end(self, batch, logs=None):
+            record["loss"][state.step + 1] = float(logs["loss_batch"])
+            record["world"][state.step + 1] = comm.size()
+
+    @run
+    def train(state):
+        n, r = comm.size(), comm.rank()
+        record["starts"].append((state.step, n, os.path.basename(
+            latest_checkpoint(state.directory) or "")))
+        rows = fc.rank_rows((STEPS - state.step) * G, G // n, n, r) + state.step * G
+        state.model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=G // n,
+                        epochs=1, shuffle=False, verbose=0, callbacks=[Record(), state.callback()])
+
+    train(state)
+    final = fc.snapshot(state.model)
+    if comm.rank() == 0:
+        steps = sorted(record["loss"])
+        np.savez(os.path.join(out, "elastic.npz"), steps=np.array(steps),
+                 losses=np.array([record["loss"][s] for s in steps]),
+                 worlds=np.array([record["world"][s] for s in steps]),
+                 starts=json.dumps(record["starts"]), commits=json.dumps(state.commits),
+                 **final)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

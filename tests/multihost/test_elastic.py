@@ -1,0 +1,112 @@
+"""Elastic recovery of a sharded model: 2 hosts x 1 rank train with Keras fit and commit a
+sharded checkpoint every 2 steps; h2 dies at step 6; the rank on h1 is re-initialized alone,
+rebuilds the model for world size 1, restores the last commit (step 4) and goes on at step 5.
+Oracle: one process restored from the same commit and fed the same global batches gives the
+same losses and the same final tables and dense weights."""
+import json
+import os
+import shutil
+import stat
+import time
+
+import numpy as np
+
+from tests.multihost.conftest import Job, netns
+from tests.multihost.jobs.elastic_job import G, STEPS, build_for
+
+
+def _discovery(tmp_path, hosts):
+    listed = tmp_path / "hosts.txt"
+    listed.write_text("".join(f"{h}:1\n" for h in hosts))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listed}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return listed, ["--min-np", "1", "--max-np", str(len(hosts)),
+                    "--host-discovery-script", str(script)]
+
+
+def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
+    from merlin_models_de.persistence.checkpoint import restore_checkpoint
+    from tests.unit.horovod import fit_common as fc
+
+    data = fc.make_data(G * STEPS, seed=7)
+    src = str(tmp_path / "data.npz")
+    np.savez(src, **data)
+    listed, elastic = _discovery(tmp_path, ["h1", "h2"])
+    job = Job(None, 2, ["-m", "tests.multihost.jobs.elastic_job", src, str(tmp_path)],
+              str(tmp_path / "job.log"), timeout=500, extra=elastic)
+    try:
+        job.wait_for((tmp_path / "ready").exists, "step 6")
+        listed.write_text("h1:1\n")
+        netns("kill", "h2")
+        t0 = time.monotonic()
+        job.wait()
+        recovered = time.monotonic() - t0
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+        assert netns("up", "3").returncode == 0
+    assert job.code == 0, job.output[-5000:]
+    got = dict(np.load(tmp_path / "elastic.npz"))
+    starts = json.loads(str(got["starts"]))
+    commits = json.loads(str(got["commits"]))
+    print(f"elastic: fault to end {recovered:.1f} s; starts {starts}; commits (step, s) "
+          f"{commits}")
+    assert starts[0][:2] == [0, 2] and starts[-1][:2] == [4, 1], starts
+    steps, worlds = list(got["steps"]), list(got["worlds"])
+    assert steps == list(range(1, STEPS + 1)), steps
+    assert worlds[4:] == [1] * (STEPS - 4), worlds  # steps 5.. ran again on h1 alone
+
+    # the oracle: one process restored from the commit the survivor restored
+    oracle = tmp_path / "oracle"
+    oracle.mkdir()
+    shutil.copytree(tmp_path / "ckpt" / starts[-1][2], oracle / starts[-1][2])
+    (oracle / "latest").write_text(starts[-1][2])
+    x, y = fc.split_xy(data, {})
+    model = build_for(1, x)
+    assert restore_checkpoint(model, str(oracle))["step"] == 4
+    losses = fc.LossRecorder()
+    model.fit({k: v[4 * G:] for k, v in x.items()}, y[4 * G:], batch_size=G, epochs=1,
+              shuffle=False, verbose=0, callbacks=[losses])
+    np.testing.assert_allclose(got["losses"][4:], losses.losses, rtol=1e-5, atol=1e-6)
+    want = fc.snapshot(model)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_the_dlrm_command_goes_on_after_a_lost_host(hosts, tmp_path):
+    listed, elastic = _discovery(tmp_path, ["h1", "h2"])
+    ckpt = tmp_path / "ckpt"
+    job = Job(None, 2, ["-m", "merlin_models_de.apps.dlrm", "--elastic", "--rows", "20000",
+                        "--batch-size", "32", "--max-table-rows", "1000", "--dim", "8",
+                        "--bottom-mlp", "16", "--top-mlp", "16", "--quiet",
+                        "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"],
+              str(tmp_path / "job.log"), timeout=500, extra=elastic)
+    try:
+        job.wait_for(lambda: ckpt.exists() and any(n.endswith("00040") for n in os.listdir(ckpt)),
+                     "a commit at step 40")
+        listed.write_text("h1:1\n")
+        netns("kill", "h2")
+        job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+        assert netns("up", "3").returncode == 0
+    assert job.code == 0, job.output[-5000:]
+    report = json.loads((ckpt / "report.json").read_text())
+    starts = [(s["step"], s["world_size"]) for s in report["starts"]]
+    print(f"dlrm --elastic: starts {starts}, commits {report['commits'][:3]}...")
+    assert starts[0] == (0, 2) and starts[-1][1] == 1 and starts[-1][0] >= 40, starts
+    assert starts[-1][0] % 20 == 0
+    # 20000 rows in batches of 32 on 1 rank: 625 steps; the commit's steps count as done
+    assert report["steps"] == 625 and report["world_size"] == 1
+
+
+def test_elastic_needs_a_checkpoint_directory_and_a_commit_interval(capsys):
+    from merlin_models_de.apps import dlrm
+
+    assert dlrm.main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
+        "Received: --checkpoint-dir='ckpt' --checkpoint-every=None"), err

@@ -1,0 +1,90 @@
+"""A hand-written Merlin model (the fit oracle's DLRM) trained on 2 hosts x 1 rank and on
+2 hosts x 2 ranks (4 ranks on this 2-core machine: oversubscribed) equals one process fed the
+same global batches; its sharded checkpoint written on 2 hosts restores in one process, and
+one written by one process restores on 2 hosts."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.multihost.conftest import horovodrun
+
+PER_RANK = 16
+STEPS = 3
+JOB = ["-m", "tests.multihost.jobs.fit_job"]
+
+
+def _reference(tmp, spec):
+    """The one-process oracle (tests/unit/horovod/fit_reference) on fresh data."""
+    from tests.unit.horovod import fit_common as fc
+
+    src, ref = str(tmp / "in.npz"), str(tmp / "ref.npz")
+    np.savez(src, spec=json.dumps(spec),
+             **fc.make_data(spec["world_size"] * PER_RANK * STEPS, seed=5))
+    run = subprocess.run([sys.executable, "-m", "tests.unit.horovod.fit_reference", src, ref],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return src, ref, dict(np.load(ref, allow_pickle=True))
+
+
+def _assert_equal(got, want, prefix=""):
+    keys = [k for k in got if k.startswith(("dense/", "table/"))]
+    assert keys and len(keys) == len([k for k in want if k.startswith(prefix + "dense/")
+                                      or k.startswith(prefix + "table/")])
+    for key in keys:
+        np.testing.assert_allclose(got[key], want[prefix + key], rtol=1e-4, atol=1e-5,
+                                   err_msg=key)
+
+
+@pytest.mark.parametrize("hosts_arg, ranks", [("h1:1,h2:1", 2), ("h1:2,h2:2", 4)])
+def test_fit_on_two_hosts_equals_one_process(hosts, tmp_path, hosts_arg, ranks):
+    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
+                world_size=ranks, per_rank=PER_RANK)
+    src, ref_path, ref = _reference(tmp_path, spec)
+    job = horovodrun(hosts_arg, ranks, [*JOB, src, ref_path, str(tmp_path)], tmp_path)
+    assert job.code == 0, job.output[-4000:]
+    got = dict(np.load(tmp_path / "final.npz"))
+    assert list(got["hosts"]) == [h for h in ("h1", "h2") for _ in range(ranks // 2)]
+    _assert_equal(got, ref, "final/")
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got["table/C1"], ref["initial/table/C1"])  # it trained
+    print(f"{hosts_arg}: {job.seconds:.0f} s")
+
+
+def test_checkpoints_move_between_two_hosts_and_one_process(hosts, tmp_path):
+    from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
+    from merlin_models_de.variables import embedding_blocks
+    from tests.unit.horovod import fit_common as fc
+
+    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
+                world_size=2, per_rank=PER_RANK)
+    src, ref_path, _ = _reference(tmp_path, spec)
+    job = horovodrun("h1:1,h2:1", 2, [*JOB, src, ref_path, str(tmp_path)], tmp_path)
+    assert job.code == 0, job.output[-4000:]
+    written = dict(np.load(tmp_path / "final.npz"))
+
+    # 2 hosts -> 1 process
+    model = fc.build_model(dict(spec, world_size=1))
+    data = dict(np.load(src, allow_pickle=True))
+    x, _ = fc.split_xy({k: v for k, v in data.items() if k != "spec"}, spec)
+    model(fc.take(x, 0, 2))
+    model.compile(optimizer=fc.optimizer("adagrad", 0.05))
+    restore_checkpoint(model, str(tmp_path / "ckpt"))
+    mine = fc.snapshot(model)
+    _assert_equal(mine, written)
+
+    # 1 process -> 2 hosts: a changed table comes back on both hosts
+    for block in embedding_blocks(model):
+        tables = block.get_global_weights()
+        tables["C1"] = tables["C1"] + 1.0
+        block.set_global_weights(tables)
+    mine = fc.snapshot(model)
+    save_checkpoint(model, str(tmp_path / "restore-from"))
+    back = horovodrun("h1:1,h2:1", 2, [*JOB, src, "-", str(tmp_path)], tmp_path)
+    assert back.code == 0, back.output[-4000:]
+    restored = dict(np.load(tmp_path / "restored.npz"))
+    assert list(restored["hosts"]) == ["h1", "h2"]
+    _assert_equal(restored, mine)
