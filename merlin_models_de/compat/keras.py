@@ -170,3 +170,14 @@ def retrack(owner, old, new) -> None:
     for ref in list(owner._self_unconditional_checkpoint_dependencies):  # pylint: disable=protected-access
         if ref.ref is old:
             owner._track_trackable(new, name=ref.name, overwrite=True)  # pylint: disable=protected-access
+
+
+def wrap_compute_gradients(optimizer, after) -> None:
+    """``optimizer.minimize`` passes the ``(gradient, variable)`` pairs it computes through
+    ``after`` before applying them (Keras' legacy ``_compute_gradients``, on this instance)."""
+    compute = optimizer._compute_gradients  # pylint: disable=protected-access
+
+    def computed(loss, var_list, grad_loss=None, tape=None):
+        return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
+
+    optimizer._compute_gradients = computed  # pylint: disable=protected-access

@@ -6,10 +6,11 @@ allreduced, and their gradients stay as they are (sparse ``IndexedSlices`` stay 
 ``mm.LazyAdam`` updates only the rows a step looked up); the global gradients go in one
 grouped allreduce named the same on every rank.
 
-``mm.MultiOptimizer``: each optimizer inside is distributed the same way, the default one
-too (Merlin's own Horovod path leaves it alone, so the rest of the model would train on each
-rank's gradients only), each with its own collective names; the blocks stay the model's own
-(Horovod's wrapper would rebuild a MultiOptimizer from its config, blocks included).
+``mm.MultiOptimizer``: the gradients are averaged (and local ones scaled) where its
+``minimize`` computes them, for all its optimizers at once, the default one too (Merlin's own
+Horovod path wraps only the others, whose allreduce then never runs inside ``minimize``);
+each optimizer's learning rate is scaled by N; the blocks stay the model's own (Horovod's
+wrapper would rebuild a MultiOptimizer from its config, blocks included).
 
 Example:
     >>> model.compile(optimizer=distributed(mm.LazyAdam(0.01)))  # doctest: +SKIP
@@ -47,10 +48,10 @@ def distributed(optimizer, prefix: str = "mmde_grad"):
     """``optimizer`` for N ranks (see the module docstring). Made here already: kept (a
     model compiled again); a Horovod ``DistributedOptimizer`` of the user's: rebuilt from the
     optimizer inside (its learning rate as given; its ``compression`` is not applied)."""
-    if is_multi_optimizer(optimizer):
-        _distribute_each(optimizer)
-        return optimizer
     if getattr(optimizer, "_mmde_distributed", False):
+        return optimizer
+    if is_multi_optimizer(optimizer):
+        _distribute_multi(optimizer)
         return optimizer
     if horovod_compat.is_horovod_optimizer(optimizer):
         # the user's hvd.DistributedOptimizer (learning rate scaled by them, as Merlin asks)
@@ -63,17 +64,39 @@ def distributed(optimizer, prefix: str = "mmde_grad"):
     return out
 
 
-def _distribute_each(multi) -> None:
+def _distribute_multi(multi) -> None:
+    """Merlin's train step calls ``minimize`` on the MultiOptimizer, so the gradients are
+    averaged where it computes them (once for all its optimizers, in one grouped allreduce);
+    the optimizers inside only get the scaled learning rate."""
     done: dict = {}  # one optimizer given for several groups stays one optimizer
 
-    def swap(opt, prefix):
+    def scaled(opt):
         if id(opt) not in done:
-            done[id(opt)] = distributed(opt, prefix)
+            done[id(opt)] = scaled_optimizer(opt, comm.size())
         return done[id(opt)]
 
-    pairs = list(multi.optimizers_and_blocks) + list(multi.update_optimizers_and_blocks)
-    for i, pair in enumerate(pairs):
-        new = swap(pair.optimizer, f"mmde_grad_opt{i}")
+    for pair in list(multi.optimizers_and_blocks) + list(multi.update_optimizers_and_blocks):
+        new = scaled(pair.optimizer)
         keras_compat.retrack(multi, pair.optimizer, new)
         pair.optimizer = new
-    multi.default_optimizer = swap(multi.default_optimizer, "mmde_grad_default")
+    multi.default_optimizer = scaled(multi.default_optimizer)
+    keras_compat.wrap_compute_gradients(multi, average_over_ranks)
+    multi._mmde_distributed = True
+
+
+@tf.autograph.experimental.do_not_convert
+def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
+    """Global gradients averaged over ranks (one grouped allreduce); local ones (shards,
+    sparse or not) divided by N, as Horovod's ``scale_local_gradients`` does."""
+    pairs, n = list(grads_and_vars), comm.size()
+    shared = [i for i, (g, v) in enumerate(pairs) if g is not None and not is_local(v)]
+    averaged = comm.average_gradients([pairs[i][0] for i in shared], prefix)
+    out = list(pairs)
+    for i, grad in zip(shared, averaged):
+        out[i] = (grad, pairs[i][1])
+    for i, (grad, var) in enumerate(pairs):
+        if grad is not None and is_local(var):
+            grad = (tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+                    if isinstance(grad, tf.IndexedSlices) else grad / n)
+            out[i] = (grad, var)
+    return out

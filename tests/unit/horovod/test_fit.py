@@ -40,12 +40,13 @@ def reference(spec, data, tmp, runner="tests.unit.horovod.fit_reference"):
     return result
 
 
-def started_like_reference(spec, tmp_path_factory, seed):
-    """Runs the reference on fresh data; returns it, the model built here with the reference's
-    initial weights, this rank's row indices and its (x, y)."""
+def started_like_reference(spec, tmp_path_factory, seed,
+                           runner="tests.unit.horovod.fit_reference"):
+    """Runs the reference (module ``runner``) on fresh data; returns it, the model built here
+    with the reference's initial weights, this rank's row indices and its (x, y)."""
     n, r = comm.size(), comm.rank()
     data = comm.broadcast_object(fc.make_data(n * PER_RANK * STEPS, seed=seed))
-    ref = reference(spec, data, str(tmp_path_factory.mktemp("ref")))
+    ref = reference(spec, data, str(tmp_path_factory.mktemp("ref")), runner)
     model = fc.build_model(spec)
     x, y = fc.split_xy(data, spec)
     rows = fc.rank_rows(len(y), PER_RANK, n, r)
