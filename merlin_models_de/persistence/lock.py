@@ -5,9 +5,9 @@ succeeds) for as long as it writes, and removes it at the end. The file names it
 host, pid, job id and start time. A second job that tries to save meanwhile is refused with
 an error naming that holder, instead of both writing (and pruning) the same directory.
 
-A lock is *stale* when its holder cannot be writing any more: its pid is gone on this host,
-or (another host, whose processes cannot be seen from here) it is older than
-:data:`STALE_AFTER_SECONDS`. A stale lock is taken over with a warning, and the leftovers of
+A lock is *stale* when its holder cannot be writing any more: it is this job's own (an
+elastic job's rank 0 lost mid-save), its pid is gone on this host, or (another host, whose
+processes cannot be seen from here) it is older than :data:`STALE_AFTER_SECONDS`. A stale lock is taken over with a warning, and the leftovers of
 the saves of earlier holders are theirs to lose: the new holder removes them.
 
 Example:
@@ -36,7 +36,13 @@ class CheckpointLockedError(StorageError):
 
 
 def _job_id() -> str | None:
-    return next((os.environ[v] for v in _JOB_VARIABLES if os.environ.get(v)), None)
+    """The scheduler's job id, else horovodrun's rendezvous address (one per running job,
+    kept across an elastic job's resets), else None."""
+    found = next((os.environ[v] for v in _JOB_VARIABLES if os.environ.get(v)), None)
+    rendezvous = [os.environ.get(f"HOROVOD_GLOO_RENDEZVOUS_{k}") for k in ("ADDR", "PORT")]
+    if found is None and all(rendezvous):
+        found = "horovodrun@{}:{}".format(*rendezvous)
+    return found
 
 
 def _alive(pid) -> bool:
@@ -134,6 +140,9 @@ class DirectoryLock:
 
     def _stale(self, other: dict) -> str | None:
         """Why ``other``'s lock is stale, or None when its holder may still be writing."""
+        if other.get("job") is not None and other.get("job") == self.holder["job"]:
+            # saves are collective: this job cannot be saving elsewhere at the same time
+            return "this job left it (a save interrupted by a lost rank or host)"
         if other.get("host") == self.holder["host"] and "pid" in other:
             if other["pid"] == os.getpid():  # saves of one process run one after the other
                 return "this process left it (an interrupted save)"

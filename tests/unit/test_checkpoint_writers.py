@@ -62,8 +62,8 @@ def test_two_concurrent_jobs_never_destroy_the_directory(tmp_path):
     latest = latest_checkpoint(directory)
     assert latest is not None and os.path.basename(latest) in ckpt_dirs(directory)
     for name in ckpt_dirs(directory):  # every checkpoint left is whole
-        files.check_complete(os.path.join(directory, name))
         read_full_tables(os.path.join(directory, name))
+        files.check_complete(os.path.join(directory, name))
     assert len(ckpt_dirs(directory)) <= 2
     assert sorted(os.listdir(directory)) == sorted(ckpt_dirs(directory) + ["latest"])
     fresh = ch.build(legacy_adagrad, seed=5)
@@ -115,6 +115,16 @@ def test_a_lock_from_another_host_is_trusted_until_it_is_old(tmp_path):
     os.utime(os.path.join(directory, ".lock"), (old, old))
     with pytest.warns(RuntimeWarning, match=r"stale lock .* h old"):
         save_checkpoint(model, directory, step=1)
+    assert sorted(os.listdir(directory)) == ["ckpt-000000001", "latest"]
+
+
+def test_a_lock_of_this_very_job_is_its_own_interrupted_save(tmp_path, monkeypatch):
+    # an elastic job whose rank 0 was lost mid-save: the new rank 0 runs on another host
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    directory = str(tmp_path / "ckpt")
+    write_lock(directory, host="lost-host", pid=1, job="4711", started=time.time(), token="z")
+    with pytest.warns(RuntimeWarning, match=r"host='lost-host'.*this job left it"):
+        save_checkpoint(ch.build(legacy_adagrad), directory, step=1)
     assert sorted(os.listdir(directory)) == ["ckpt-000000001", "latest"]
 
 

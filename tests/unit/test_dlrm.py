@@ -73,7 +73,12 @@ def test_train_dir_without_schema_is_refused(tmp_path, capsys):
 
 
 def test_a_train_dir_with_a_schema_only_exits_2_naming_it(tmp_path, capsys):
-    (tmp_path / "schema.pbtxt").write_text("")
+    from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
+
+    from merlin_models_de.schemas import synthetic_schema
+
+    schema = synthetic_schema("criteo")
+    TensorflowMetadata.from_merlin_schema(schema).to_proto_text_file(str(tmp_path))
     assert dlrm.main(["--train-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: --train-dir holds no .parquet files (only its schema?). "
