@@ -16,6 +16,8 @@ Everything a user calls is a name of this module (one import path each):
 - custom loops: ``DistributedGradientTape``, ``broadcast_variables``;
 - outputs and retrieval: ``TiedCategoricalOutput``, ``ShardedTopK``, ``top_k_model``,
   ``GlobalInBatchSampler``, ``named_tables``;
+- serving (one process, the ``serving`` extra): ``load_model``, ``ranking_ensemble``,
+  ``save_query_model``, ``build_faiss_index``, ``retrieval_ensemble``;
 - errors: ``StorageError`` (``CheckpointError`` is the same type), ``UnsupportedVersionError``.
 
 Example:
@@ -52,6 +54,11 @@ _LAZY = {
     "ShardedTopK": "merlin_models_de.outputs.topk",
     "top_k_model": "merlin_models_de.outputs.topk",
     "GlobalInBatchSampler": "merlin_models_de.outputs.samplers",
+    "load_model": "merlin_models_de.serving.ensemble",
+    "ranking_ensemble": "merlin_models_de.serving.ensemble",
+    "save_query_model": "merlin_models_de.serving.retrieval",
+    "retrieval_ensemble": "merlin_models_de.serving.retrieval",
+    "build_faiss_index": "merlin_models_de.serving.faiss_index",
 }
 
 __all__ = sorted(["make_plan", "Shard", "ShardingPlan", "ShardingType", "FeatureSpec",

@@ -30,6 +30,7 @@ LAYERS = [
     {"outputs"},
     {"merlin"},
     {"elastic"},
+    {"serving"},
     {"apps"},
 ]
 # what may stay at the root: the small leaves of layer 0 and the public API

@@ -1,0 +1,101 @@
+"""Retrieval serving: the query side of a trained next-item model, a Faiss index of its item
+table, and an ensemble from raw session rows to the top-k item ids.
+
+The query side is the trained model without its output (the input block, the encoder, the
+MLP): it maps a session to a vector whose inner product with an item's row of the table is
+the item's score, exactly the logit the tied output computes (it has no bias by default).
+The table itself comes from the parallel table export (:mod:`.faiss_index`), so the index
+never needs a training process that holds the whole table.
+
+Example (one process, no Horovod):
+    >>> model = tf.keras.models.load_model("out/model")  # model.save under horovodrun  # doctest: +SKIP
+    >>> save_query_model(model, "out/query")  # doctest: +SKIP
+    >>> build_faiss_index("out/items", "out/items.faiss")  # doctest: +SKIP
+    >>> ensemble = retrieval_ensemble("out/workflow", "out/query", "out/items.faiss", k=10)  # doctest: +SKIP
+    >>> ids = ensemble.transform(raw_events)["candidate_ids"]  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from merlin_models_de.serving.ensemble import load_workflow, serving_workflow
+
+QUERY_OUTPUT = "query"
+
+
+class QueryTower(tf.Module):
+    """``{column__values, column__offsets, ...}`` (the loader's / Merlin Systems' form of
+    the columns) -> ``{"query": [batch, dim]}``: every block of ``model`` but its last (the
+    output), with the trained weights. Columns the model does not take are ignored (a
+    workflow may write more than the model reads)."""
+
+    def __init__(self, model):
+        from merlin.models.tf.transforms.features import PrepareFeatures
+
+        super().__init__(name="query_tower")
+        self.model = model
+        self.prepare = PrepareFeatures(model.schema)
+        self.body = list(model.blocks[:-1])
+
+    def call(self, inputs):
+        from merlin.models.tf.utils.tf_utils import call_layer
+
+        wanted = set(self.model.schema.column_names)
+        inputs = {k: v for k, v in inputs.items()
+                  if k.replace("__values", "").replace("__offsets", "") in wanted}
+        outputs = self.prepare(inputs)
+        for block in self.body:
+            outputs = call_layer(block, outputs, features=outputs)
+        return {QUERY_OUTPUT: outputs}
+
+
+def _input_signature(schema, offsets_dtype=tf.int64):
+    """TensorSpecs of the schema's input columns as Merlin Systems passes them: list
+    columns as ``__values`` / ``__offsets``, scalars as ``[batch, 1]``."""
+    from merlin.schema import Tags
+
+    specs = {}
+    for col in schema.excluding_by_tag(Tags.TARGET):
+        dtype = tf.as_dtype(col.dtype.to_numpy)
+        if col.is_list:
+            specs[f"{col.name}__values"] = tf.TensorSpec([None], dtype, f"{col.name}__values")
+            specs[f"{col.name}__offsets"] = tf.TensorSpec([None], offsets_dtype,
+                                                          f"{col.name}__offsets")
+        else:
+            specs[col.name] = tf.TensorSpec([None, 1], dtype, col.name)
+    return specs
+
+
+def save_query_model(model, path: str, workflow=None) -> str:
+    """Saves the query side of ``model`` (one process; a trained model whose last block is
+    an output tied to the item table) as a SavedModel with a ``serving_default`` signature
+    that Merlin Systems' ``PredictTensorflow`` and Triton's TensorFlow backend read. Its
+    inputs: the columns ``workflow`` writes (what the ensemble feeds it), else the model's
+    own."""
+    schema = load_workflow(workflow).output_schema if workflow is not None else model.schema
+
+    class Tower(QueryTower):
+        # a tf.function __call__ with an input signature: the loaded SavedModel is callable
+        # and TF makes serving_default from it, also when Merlin Systems saves it again
+        __call__ = tf.function(QueryTower.call, input_signature=[_input_signature(schema)])
+
+    tf.saved_model.save(Tower(model), str(path))
+    return str(path)
+
+
+def retrieval_ensemble(workflow, query_path: str, index_path: str, k: int = 10,
+                       label_columns=()):
+    """``TransformWorkflow(workflow) >> PredictTensorflow(query) >> QueryFaiss(index, k)``:
+    raw session rows in, ``candidate_ids`` (the top-k item ids per session) out."""
+    from merlin.systems.dag import Ensemble
+    from merlin.systems.dag.ops.faiss import QueryFaiss
+    from merlin.systems.dag.ops.tensorflow import PredictTensorflow
+    from merlin.systems.dag.ops.workflow import TransformWorkflow
+
+    workflow = serving_workflow(workflow, label_columns)
+    ops = (workflow.input_schema.column_names >> TransformWorkflow(workflow)
+           >> PredictTensorflow(str(query_path)) >> QueryFaiss(str(index_path), topk=k))
+    return Ensemble(ops, workflow.input_schema)
+
+
+__all__ = ["QueryTower", "save_query_model", "retrieval_ensemble", "QUERY_OUTPUT"]
