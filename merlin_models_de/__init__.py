@@ -14,6 +14,7 @@ Everything a user calls is a name of this module (one import path each):
   ``CheckpointCallback``, ``read_full_tables``;
 - one table in parallel: ``export_table``, ``read_table``, ``iter_table``;
 - custom loops: ``DistributedGradientTape``, ``broadcast_variables``;
+- input: ``loader_dataset`` (a rank's ``mm.Loader`` batches as a native ``tf.data`` pipeline);
 - outputs and retrieval: ``TiedCategoricalOutput``, ``ShardedTopK``, ``top_k_model``,
   ``GlobalInBatchSampler``, ``named_tables``;
 - serving (one process, the ``serving`` extra): ``load_model``, ``ranking_ensemble``,
@@ -50,6 +51,7 @@ _LAZY = {
     "iter_table": "merlin_models_de.persistence.table_export",
     "DistributedGradientTape": "merlin_models_de.merlin.training",
     "broadcast_variables": "merlin_models_de.merlin.training",
+    "loader_dataset": "merlin_models_de.merlin.input",
     "TiedCategoricalOutput": "merlin_models_de.outputs.tied",
     "ShardedTopK": "merlin_models_de.outputs.topk",
     "top_k_model": "merlin_models_de.outputs.topk",

@@ -32,9 +32,8 @@ from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.persistence.export import save_single_process
-from merlin_models_de.block.handles import TableHandle, named_tables
-from merlin_models_de.outputs.tied import tie_to_handle
-from merlin_models_de.outputs.topk import sharded_top_k_layer
+# The block and the outputs import merlin.models.tf, whose import installs these hooks
+# (merlin/register.py): they are imported where used, so that first import never cycles.
 from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer
 from merlin_models_de.variables import embedding_blocks, local_slot_refs
 
@@ -216,7 +215,12 @@ class MerlinHooks:
         return [BroadcastGlobalVariablesCallback(0) if horovod_compat.is_horovod_broadcast_callback(c)
                 else c for c in callbacks]
 
-    rebuild_scope = staticmethod(named_tables)  # tied outputs bind their own model's tables
+    @staticmethod
+    def rebuild_scope():
+        """Tied outputs rebuilt inside bind their own model's tables (named_tables)."""
+        from merlin_models_de.block.handles import named_tables
+
+        return named_tables()
 
     @staticmethod
     def save(original, model, *args, **kwargs):
@@ -229,6 +233,8 @@ def top_k_encoder_layer(model, candidates, k):
     once (no collective needed): encoding a candidate dataset under horovodrun, which
     Merlin does with dask, partition by partition, not in step across ranks."""
     if candidates is None:
+        from merlin_models_de.outputs.topk import sharded_top_k_layer
+
         return sharded_top_k_layer(model.last, k)
     if MerlinHooks.active(model):
         raise ValueError(
@@ -245,6 +251,17 @@ def install() -> None:
     """Installs :class:`MerlinHooks` and the tied-output translation into Merlin (idempotent;
     inert for other models)."""
     merlin_compat.install_merlin_hooks(MerlinHooks)
-    merlin_compat.install_output_hooks(lambda to_call: isinstance(to_call, TableHandle),
-                                tie_to_handle)
+    merlin_compat.install_output_hooks(_is_table_handle, _tie_to_handle)
     merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)
+
+
+def _is_table_handle(to_call) -> bool:
+    from merlin_models_de.block.handles import TableHandle
+
+    return isinstance(to_call, TableHandle)
+
+
+def _tie_to_handle(output_cls, to_call, kwargs):
+    from merlin_models_de.outputs.tied import tie_to_handle
+
+    return tie_to_handle(output_cls, to_call, kwargs)

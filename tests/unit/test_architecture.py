@@ -270,3 +270,25 @@ def test_the_block_refuses_an_unsupported_install_at_first_use():
                          text=True, timeout=300, env=dict(env, PYTHONWARNINGS="ignore"))
     assert "REFUSED: merlin_models_de does not support the installed tensorflow 2.16.1" \
         in out.stdout, out.stderr[-2000:]
+
+
+# modules that import merlin.models.tf, whose first import installs the hooks (registration):
+# whichever of them a process imports first, that import must not cycle back into it
+FIRST_IMPORTS = ["outputs.topk", "outputs.tied", "block.handles", "block.layer", "merlin.hooks"]
+
+
+def test_any_module_can_be_the_first_import():
+    code = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
+            "import merlin.models.tf as mm, merlin_models_de; "
+            "assert mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings; "
+            "print('imported', sys.argv[1])")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    runs = [subprocess.Popen([sys.executable, "-c", code, f"{PACKAGE}.{name}"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name in FIRST_IMPORTS]
+    failed = {}
+    for name, run in zip(FIRST_IMPORTS, runs):
+        out, err = run.communicate(timeout=600)
+        if run.returncode != 0 or f"imported {PACKAGE}.{name}" not in out:
+            failed[name] = err.strip().splitlines()[-1:]
+    assert failed == {}

@@ -2,7 +2,6 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -86,12 +85,10 @@ def test_parse_bytes():
 
 @pytest.mark.parametrize("memory", ["0GB", "0", "0.1B"])
 def test_device_memory_of_zero_is_refused_at_once(memory):
-    start = time.perf_counter()
     out = run("criteo", "--device-memory", memory, timeout=120)
     assert out.returncode == 2, out.stdout[-2000:]
     assert out.stderr.strip().splitlines() == [
         f"error: device memory must be > 0. Received: --device-memory={memory!r}"]
-    assert time.perf_counter() - start < 60
 
 
 @pytest.mark.parametrize("memory, options", [
@@ -121,9 +118,9 @@ def test_smallest_world_size_is_the_smallest_that_fits_and_is_bounded(synthetic_
              (1, "sgd", dict(strategy="basic")),
              (2**20, "sgd", dict(strategy="memory_optimized", data_parallel_threshold=2**20))]
     for capacity, optimizer, options in cases:
-        start = time.perf_counter()
         fit = smallest_world_size(tables, capacity, optimizer, **options)
-        assert time.perf_counter() - start < 5, (capacity, options)
+        # bounded by the plans it makes, not by the clock (it once planned 4096 world sizes)
+        assert (fit.plans or 0) <= 64, (capacity, options, fit.plans)
         per_element = 4 * (1 + {"sgd": 0, "adagrad": 1, "adam": 2}[optimizer])
         if fit.world_size is None:
             assert fit.reason, (capacity, options)

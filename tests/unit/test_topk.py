@@ -61,8 +61,8 @@ def test_bad_arguments_are_named():
     model, block = tr.build_model({"block": "de"})
     with pytest.raises(ValueError, match=r"needs k >= 1. Received: k=0"):
         ShardedTopK(block["item"], k=0)
-    with pytest.raises(ValueError, match=r"No DistributedEmbeddings block with a table named "
-                                         r"'nope'"):
+    with pytest.raises(ValueError, match=r"Cannot bind table 'nope': names are bound only "
+                                         r"while a model is rebuilt from its config"):
         ShardedTopK("nope")
     with pytest.raises(TypeError, match=r"takes a table of a DistributedEmbeddings block.*"
                                         r"Received: EmbeddingTable"):
