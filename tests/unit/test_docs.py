@@ -25,7 +25,7 @@ FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 HOROVOD = re.compile(r"^# (?P<file>[\w.-]+\.py), launched with: horovodrun -np 2 python ")
 FILE = re.compile(r"^# (?P<file>[\w.-]+\.py)\b")
 RUN = ("python", "bash")
-MAX_SKIPPED = 8
+MAX_SKIPPED = 9  # raise it only for a cluster, a GPU, root or the CI itself
 TIMEOUT = 600
 
 
