@@ -23,17 +23,19 @@ from nvtabular import ops
 MAX_SESSION_LENGTH = 20
 
 
-def click_workflow() -> nvt.Workflow:
+def click_workflow(categories: str = "categories") -> nvt.Workflow:
     """Every kind of categorical encoding the ranking model takes: a frequency threshold
     (rare users share the OOV id), a vocabulary capped by ``max_size`` (items), hashed OOV
     buckets for a long tail (categories), a plain vocabulary (device) and a list column
     (tags, multi-hot; the block pools it). Continuous columns get their nulls filled and are
-    normalized; the label is tagged as the binary target."""
-    user = ["user_id"] >> ops.Categorify(freq_threshold=2) >> ops.TagAsUserID()
-    item = ["item_id"] >> ops.Categorify(max_size=400) >> ops.TagAsItemID()
-    category = ["category"] >> ops.Categorify(max_size=120, num_buckets=16)
-    device = ["device"] >> ops.Categorify()
-    tags = ["tags"] >> ops.Categorify()
+    normalized; the label is tagged as the binary target. ``categories``: where Categorify
+    writes its vocabularies while fitting (NVTabular's default is ./categories)."""
+    user = (["user_id"] >> ops.Categorify(out_path=categories, freq_threshold=2)
+            >> ops.TagAsUserID())
+    item = ["item_id"] >> ops.Categorify(out_path=categories, max_size=400) >> ops.TagAsItemID()
+    category = ["category"] >> ops.Categorify(out_path=categories, max_size=120, num_buckets=16)
+    device = ["device"] >> ops.Categorify(out_path=categories)
+    tags = ["tags"] >> ops.Categorify(out_path=categories)
     # float32, as the model's inputs are (Normalize writes float64)
     numbers = (["price", "age"] >> ops.FillMissing() >> ops.Normalize()
                >> ops.LambdaOp(lambda col: col.astype("float32"), dtype="float32"))
@@ -41,12 +43,15 @@ def click_workflow() -> nvt.Workflow:
     return nvt.Workflow(user + item + category + device + tags + numbers + label)
 
 
-def session_workflow(max_length: int = MAX_SESSION_LENGTH) -> nvt.Workflow:
+def session_workflow(max_length: int = MAX_SESSION_LENGTH,
+                     categories: str = "categories") -> nvt.Workflow:
     """Events -> one row per session: item ids (rare ones share the OOV id) and their
     categories as lists in time order, cut to the last ``max_length`` events. The item list
-    carries the ITEM and ID tags the next-item command looks for."""
-    items = ["item_id"] >> ops.Categorify(freq_threshold=2) >> ops.TagAsItemID()
-    category = ["category"] >> ops.Categorify()
+    carries the ITEM and ID tags the next-item command looks for. ``categories``: where
+    Categorify writes its vocabularies while fitting."""
+    items = (["item_id"] >> ops.Categorify(out_path=categories, freq_threshold=2)
+             >> ops.TagAsItemID())
+    category = ["category"] >> ops.Categorify(out_path=categories)
     grouped = (["session_id", "timestamp"] + items + category) >> ops.Groupby(
         groupby_cols=["session_id"], sort_cols=["timestamp"],
         aggs={"item_id": ["list"], "category": ["list"]}, name_sep="-")
@@ -79,10 +84,11 @@ def main(argv=None):
     parser.add_argument("--partitions", type=int, default=2,
                         help="parquet files per split (a multiple of the ranks that train)")
     args = parser.parse_args(argv)
-    run(click_workflow(), os.path.join(args.raw_dir, "clicks"),
-        os.path.join(args.out_dir, "clicks"), args.partitions)
-    run(session_workflow(), os.path.join(args.raw_dir, "events"),
-        os.path.join(args.out_dir, "sessions"), args.partitions)
+    clicks_out, sessions_out = (os.path.join(args.out_dir, n) for n in ("clicks", "sessions"))
+    run(click_workflow(os.path.join(clicks_out, "categories")),
+        os.path.join(args.raw_dir, "clicks"), clicks_out, args.partitions)
+    run(session_workflow(categories=os.path.join(sessions_out, "categories")),
+        os.path.join(args.raw_dir, "events"), sessions_out, args.partitions)
     print(f"NVTabular output (parquet + schema) and workflows in {args.out_dir}")
 
 
