@@ -35,11 +35,11 @@ run_stage "collect every test module" \
   timeout 300 python -m pytest tests/unit --collect-only -q -p no:cacheprovider
 
 run_stage "single-process tests" \
-  timeout --kill-after=30 1500 python -m pytest tests/unit --ignore=tests/unit/horovod \
+  timeout --kill-after=30 2700 python -m pytest tests/unit --ignore=tests/unit/horovod \
     -p no:cacheprovider --timeout=600 -q "$@"
 
 run_stage "horovodrun -np $NP tests" \
-  timeout --kill-after=30 2400 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
+  timeout --kill-after=30 2700 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
     python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
 
 # Hosts as network namespaces with their own sshd (scripts/netns_hosts.sh): horovodrun in h1

@@ -46,7 +46,6 @@ IGNORED_LIKE_MERLIN = ("embedding_dims", "embedding_dim_default", "infer_embeddi
                        "infer_embeddings_ensure_dim_multiple_of_8", "embeddings_initializers")
 
 
-
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
 class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin,
                             keras_compat.UntrackedSublayersMixin, Block):

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from merlin_models_de.apps.plan import (busiest_elements, parse_bytes, smallest_world_size)
+from merlin_models_de.apps.plan import (MAX_PLANS, busiest_elements, parse_bytes,
+                                       smallest_world_size)
 from merlin_models_de.planner import plan
 
 # What Merlin and TensorFlow print on import when nobody silences them.
@@ -120,7 +121,7 @@ def test_smallest_world_size_is_the_smallest_that_fits_and_is_bounded(synthetic_
     for capacity, optimizer, options in cases:
         fit = smallest_world_size(tables, capacity, optimizer, **options)
         # bounded by the plans it makes, not by the clock (it once planned 4096 world sizes)
-        assert (fit.plans or 0) <= 64, (capacity, options, fit.plans)
+        assert (fit.plans or 0) <= MAX_PLANS, (capacity, options, fit.plans)
         per_element = 4 * (1 + {"sgd": 0, "adagrad": 1, "adam": 2}[optimizer])
         if fit.world_size is None:
             assert fit.reason, (capacity, options)
