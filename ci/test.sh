@@ -34,8 +34,11 @@ run_stage() {
 run_stage "collect every test module" \
   timeout 300 python -m pytest tests/unit --collect-only -q -p no:cacheprovider
 
+# tests/unit/test_docs.py (every code block of README and docs/, ~20 min) runs by itself:
+# `bash ci/docs.sh`; it is kept out of this run until its cost is cut (CI's 60-minute budget).
 run_stage "single-process tests" \
   timeout --kill-after=30 2700 python -m pytest tests/unit --ignore=tests/unit/horovod \
+    --ignore=tests/unit/test_docs.py \
     -p no:cacheprovider --timeout=600 -q "$@"
 
 run_stage "horovodrun -np $NP tests" \
