@@ -21,13 +21,7 @@ class Die(tf.keras.callbacks.Callback):
 
 
 def main(directory):
-    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=None,
-                world_size=comm.size(), per_rank=8)
-    data = comm.broadcast_object(fc.make_data(comm.size() * 8 * 10, seed=9))
-    x, y = fc.split_xy(data, spec)
-    rows = fc.rank_rows(len(y), 8, comm.size(), comm.rank())
-    model = fc.build_model(spec)
-    model.compile(optimizer=fc.optimizer("adagrad", 0.05))
+    model, x, y, rows = fc.fault_job_model(10, comm)
     model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=8, epochs=1,
               shuffle=False, verbose=0,
               callbacks=[CheckpointCallback(directory, every_n_steps=2, each_epoch=False, keep=1),

@@ -17,13 +17,7 @@ def main(out):
     from merlin_models_de.persistence.checkpoint import CheckpointCallback
     from tests.unit.horovod import fit_common as fc
 
-    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=None,
-                world_size=comm.size(), per_rank=8)
-    data = comm.broadcast_object(fc.make_data(comm.size() * 8 * 200, seed=9))
-    x, y = fc.split_xy(data, spec)
-    rows = fc.rank_rows(len(y), 8, comm.size(), comm.rank())
-    model = fc.build_model(spec)
-    model.compile(optimizer=fc.optimizer("adagrad", 0.05))
+    model, x, y, rows = fc.fault_job_model(200, comm)
 
     class Pace(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -95,3 +95,16 @@ class LossRecorder(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.losses.append(float(logs[self.key]))
+
+
+def fault_job_model(steps_per_rank, comm):
+    """The fault jobs' model (Adagrad, memory_balanced, 8 rows a rank and step) compiled, with
+    this rank's rows of data for ``steps_per_rank`` steps: ``(model, x, y, rows)``."""
+    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=None,
+                world_size=comm.size(), per_rank=8)
+    data = comm.broadcast_object(make_data(comm.size() * 8 * steps_per_rank, seed=9))
+    x, y = split_xy(data, spec)
+    rows = rank_rows(len(y), 8, comm.size(), comm.rank())
+    model = build_model(spec)
+    model.compile(optimizer=optimizer("adagrad", 0.05))
+    return model, x, y, rows
