@@ -36,15 +36,31 @@ source "$VENV/bin/activate"
 python -m pip install --quiet "pip<24" "setuptools<70" wheel
 python -m pip install --quiet -r ci/requirements.txt
 
+# Horovod is built from source against the installed TensorFlow (a few minutes on 2 cores).
+# The wheel is kept in a per-user cache keyed by everything its ABI depends on (Horovod,
+# TensorFlow and Python versions, the build flags), so a second clean clone on the same machine
+# installs it in seconds; any change of those builds a new one.
 # No [tensorflow] extra and --no-deps: the extra asks for the `tensorflow` distribution, which
 # pip would fetch at its newest (with NumPy 2) on top of tensorflow-cpu. Its few plain
 # dependencies are pinned in ci/requirements.txt.
+HVD_FLAGS=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
+           HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo)
 if ! python -c "import horovod.tensorflow" 2>/dev/null; then
-  echo "[setup] building horovod 0.28.1 against $(python -c 'import tensorflow as tf; print(tf.__version__)') (a few minutes)"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
-  MAKEFLAGS="-j$(nproc)" \
-    python -m pip install --no-cache-dir --no-build-isolation --no-deps "horovod==0.28.1"
+  TF_VERSION="$(python -c 'import tensorflow as tf; print(tf.__version__)')"
+  HVD_KEY="$(echo "horovod-0.28.1 tf-$TF_VERSION $(python -c 'import sys; print(sys.version)') ${HVD_FLAGS[*]}" \
+             | sha256sum | cut -c1-16)"
+  HVD_CACHE="${MMDE_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/merlin-models-de/wheels}/$HVD_KEY"
+  if ! compgen -G "$HVD_CACHE/horovod-*.whl" >/dev/null; then
+    echo "[setup] building horovod 0.28.1 against TensorFlow $TF_VERSION (a few minutes)"
+    mkdir -p "$HVD_CACHE.partial"
+    env "${HVD_FLAGS[@]}" MAKEFLAGS="-j$(nproc)" \
+      python -m pip wheel --no-cache-dir --no-build-isolation --no-deps \
+        -w "$HVD_CACHE.partial" "horovod==0.28.1"
+    rm -rf "$HVD_CACHE" && mv "$HVD_CACHE.partial" "$HVD_CACHE"  # complete wheels only
+  else
+    echo "[setup] horovod 0.28.1 for TensorFlow $TF_VERSION from $HVD_CACHE"
+  fi
+  python -m pip install --no-deps "$HVD_CACHE"/horovod-*.whl
 fi
 
 CHECK="$(horovodrun --check-build)"

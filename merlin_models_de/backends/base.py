@@ -30,7 +30,7 @@ from merlin_models_de import comm
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.runtime import agree
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
-from merlin_models_de.backends.validate import check_headers, local_problems
+from merlin_models_de.backends.validate import check_headers, ids_outside, local_problems
 from merlin_models_de.backends.wire import exchange_dtype_name
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_local
@@ -65,6 +65,7 @@ class EmbeddingBackend(abc.ABC):
         self.tables = {t.name: t for t in plan.tables}
         self.prefix = "mmde"
         self.dtype = tf.float32  # the layer's variable dtype, set by build()
+        self.out_of_range = None  # per-feature counts of unchecked ids, set by build()
         self._built = False
 
     @classmethod
@@ -99,6 +100,12 @@ class EmbeddingBackend(abc.ABC):
             self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
             mark_local(var)
+        # validate_ids=False on several ranks: ids outside their table are counted per feature
+        # instead (a row-sliced table reads zero rows for them). Held outside Keras' tracking:
+        # not a weight, never saved (a saved model is a one-process copy, which has no counter).
+        self.out_of_range = (tf.Variable(tf.zeros([len(self.features)], tf.int64),
+                                         trainable=False, name="out_of_range_ids")
+                             if not self.validate_ids and self.world_size > 1 else None)
         self._built = True
 
     @abc.abstractmethod
@@ -127,6 +134,8 @@ class EmbeddingBackend(abc.ABC):
         exchange, as bad ids do.
         """
         batch = batch_size(inputs)
+        if self.out_of_range is not None:
+            self.out_of_range.assign_add(ids_outside(inputs, self.features, self.tables))
         problems, deferred = local_problems(inputs, self.features, self.tables, batch,
                                             problems, check_ids=self.validate_ids,
                                             require_samples=self.world_size > 1)

@@ -91,6 +91,16 @@ def local_problems(inputs, features, tables, batch, problems=(), check_ids=True,
     return static + n_bad + n_odd, deferred + odd_checks
 
 
+def ids_outside(inputs, features, tables):
+    """Per feature, how many of its ids lie outside its table: what ``validate_ids=False``
+    lets through (a row-sliced table reads zero rows for them), counted so it is reported."""
+    if not features:
+        return tf.zeros([0], tf.int64)
+    return tf.stack([
+        tf.reduce_sum(tf.cast(tf.logical_or(ids < 0, ids >= tables[f.table].rows), tf.int64))
+        for (ids, _), f in zip(inputs, features)])
+
+
 def _odd_sizes(inputs, features, batch):
     """(count, checks) of features whose batch size differs from ``batch``."""
     if not features:

@@ -80,7 +80,9 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         backend: ``auto`` (distributed-embeddings when installed, else ``horovod``),
             ``horovod`` or ``distributed-embeddings``.
         validate_ids: Fail with the feature and id when an id is outside its table (default);
-            False skips the check for speed (TF's gather silently returns zeros on GPUs).
+            False skips the check for speed (TF's gather silently returns zeros on GPUs, a
+            row-sliced table zero rows); ``fit`` then reports the epoch's ids outside their
+            tables (``history.history["out_of_range_ids"]``, :meth:`out_of_range_ids`).
         exchange_dtype: ``"float16"`` or ``"bfloat16"``: looked-up rows and their gradients
             cross ranks in that dtype (half the bytes of float32), rounded once each way;
             one process rounds them the same, so it still reproduces N ranks. Rows of
@@ -292,6 +294,19 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
     def local_variables(self) -> list:
         """Variables that differ by rank (sharded tables); never allreduce or broadcast them."""
         return self.backend.local_variables()
+
+    def out_of_range_ids(self, reset: bool = False) -> dict | None:
+        """With ``validate_ids=False`` on several ranks: ``{feature: count}`` of the ids outside
+        their table this rank has looked up since the last reset (a row-sliced table reads zero
+        rows for them; ``fit`` reports the sum over ranks each epoch). None when ids are
+        validated or in one process (there an id outside its table raises on CPU)."""
+        counter = self.backend.out_of_range if self.built else None
+        if counter is None:
+            return None
+        counts = dict(zip((f.name for f in self.backend.features), counter.numpy().tolist()))
+        if reset:
+            counter.assign(tf.zeros_like(counter))
+        return counts
 
     def get_global_weights(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         """Collective: ``{table: full NumPy array}`` on every rank, moved in chunks."""

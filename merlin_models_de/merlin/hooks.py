@@ -10,7 +10,9 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
   their slots) are registered as local: never allreduced, their gradients divided by the
   world size; data-parallel tables are allreduced dense; allreduces get rank-independent
   names so graph-mode steps cannot deadlock.
-- fit: Merlin's broadcast callback is replaced by one that skips local variables and slots.
+- fit: Merlin's broadcast callback is replaced by one that skips local variables and slots;
+  with ``validate_ids=False`` the epoch's ids outside their tables are reported
+  (:mod:`merlin_models_de.merlin.id_report`).
 - evaluate: metric states are summed over ranks, so results equal one process's.
 - save: every rank takes part; rank 0 writes a single-process SavedModel with full tables.
 - outputs: ``mm.CategoricalOutput`` / ``mm.ContrastiveOutput`` take ``block[table]`` for
@@ -34,6 +36,7 @@ from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.persistence.export import save_single_process
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
+from merlin_models_de.merlin.id_report import report_for
 from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer
 from merlin_models_de.variables import embedding_blocks, local_slot_refs
 
@@ -211,9 +214,10 @@ class MerlinHooks:
 
     @staticmethod
     def fit_callbacks(model, callbacks):
-        del model
-        return [BroadcastGlobalVariablesCallback(0) if horovod_compat.is_horovod_broadcast_callback(c)
-                else c for c in callbacks]
+        callbacks = [BroadcastGlobalVariablesCallback(0)
+                     if horovod_compat.is_horovod_broadcast_callback(c) else c for c in callbacks]
+        report = report_for(model)  # validate_ids=False: the epoch's ids outside their tables
+        return callbacks + [report] if report is not None else callbacks
 
     @staticmethod
     def rebuild_scope():

@@ -143,3 +143,29 @@ def test_ranks_with_different_numbers_of_batches_fail_fit_evaluate_predict_toget
     assert len(history.history["loss"]) == 1
     assert model.predict(data, steps=2, verbose=0).shape == (16, tr.ITEMS)
     still_in_step()
+
+
+def test_without_id_validation_fit_reports_the_ids_outside_their_tables(hvd, capfd):
+    """validate_ids=False: a row-sliced table reads zero rows for ids outside it (no error),
+    and fit puts their count over every rank into each epoch's logs; rank 0 names the
+    feature. Epoch 1 feeds 3 bad ids on rank 1 only, epoch 2 none."""
+    from tests.unit.horovod import fit_common as fc
+
+    model = fc.build_model({"strategy": "memory_balanced",
+                            "block_options": {"row_slice_threshold": 1, "validate_ids": False}})
+    x, y = fc.split_xy(fc.make_data(64, seed=comm.rank()), {})
+    if comm.rank() == 1:  # rows of the first epoch's batches (4 batches of 8)
+        x["C1"][[1, 5, 30], 0] = [fc.SCHEMA_ROWS + 5, 10**6, -3]
+    model.compile(optimizer="sgd")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    history = model.fit(data, epochs=2, steps_per_epoch=4, verbose=0)
+    assert history.history["out_of_range_ids"] == [3, 0]
+    assert all(np.isfinite(history.history["loss"]))
+    assert not [v.name for v in model.variables if "out_of_range" in v.name]  # not a weight
+    err = capfd.readouterr().err
+    if comm.rank() == 0:
+        assert "epoch 1: 3 ids outside their tables" in err and "/C1': 3" in err, err
+        assert "epoch 2:" not in err
+    else:
+        assert "ids outside their tables" not in err
+    still_in_step()
