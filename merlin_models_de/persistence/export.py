@@ -19,15 +19,28 @@ from merlin_models_de.variables import dense_weights, embedding_blocks
 def sample_batch(schema, rows: int = 2) -> dict:
     """A small batch shaped like ``schema``'s inputs (targets excluded), to build a model.
 
-    Made from each column's own shape, dtype and domain: scalars ``[rows, 1]``, fixed-length
-    lists ``[rows, k]``, ragged lists as ragged tensors, ids inside their domain. Neither
+    In the form Merlin's ``Loader`` feeds a model: scalars ``[rows]``, fixed-length lists
+    ``[rows, k]``, ragged lists as ``{name}__values`` and ``{name}__offsets``; ids inside their
+    domain. The form matters beyond building: a Keras model's first call fixes the inputs of
+    the serving signature its SavedModel gets, and Merlin Systems (``PredictTensorflow``) feeds
+    the Loader's column names (a ragged tensor here became an input named ``args_0``). Neither
     Merlin's synthetic generator (it needs an item-id column) nor a Loader (under Horovod it
     broadcasts a shuffling seed, a collective only rank 0 would join here).
     """
+    import tensorflow as tf
     from merlin.schema import Tags
 
-    return {col.name: _column_batch(col, rows)
-            for col in schema.excluding_by_tag(Tags.TARGET)}
+    batch = {}
+    for col in schema.excluding_by_tag(Tags.TARGET):
+        value = _column_batch(col, rows)
+        if isinstance(value, tf.RaggedTensor):
+            batch[f"{col.name}__values"] = value.flat_values
+            batch[f"{col.name}__offsets"] = value.row_splits
+        elif not (col.is_list or col.is_ragged):
+            batch[col.name] = tf.reshape(value, [rows])
+        else:
+            batch[col.name] = value
+    return batch
 
 
 def _column_batch(col, rows: int):

@@ -31,12 +31,14 @@ def lists_schema():
 
 def test_sample_batch_follows_the_schema():
     batch = sample_batch(lists_schema(), rows=5)
-    assert sorted(batch) == ["history", "price", "tags", "user"]  # the target is no input
-    assert batch["user"].shape == (5, 1) and batch["user"].dtype == tf.int64
+    # the Loader's form (the target is no input): ragged lists as values and offsets
+    assert sorted(batch) == ["history__offsets", "history__values", "price", "tags", "user"]
+    assert batch["user"].shape == (5,) and batch["user"].dtype == tf.int64
     assert batch["tags"].shape == (5, 3)  # fixed-length lists come dense, as the Loader's
     assert set(batch["tags"].numpy().ravel()) <= set(range(2, 7))
-    history = batch["history"]
-    assert isinstance(history, tf.RaggedTensor) and history.dtype == tf.int32
+    history = tf.RaggedTensor.from_row_splits(batch["history__values"],
+                                              batch["history__offsets"])
+    assert history.dtype == tf.int32
     assert set(history.row_lengths().numpy()) <= {1, 2, 3, 4}
     assert batch["price"].dtype == tf.float32 and np.all(batch["price"].numpy() == 2.0)
 
@@ -97,15 +99,19 @@ def test_the_exported_copy_reloads_as_the_model_and_leaves_names_alone(tmp_path)
 
     from merlin_models_de.persistence.export import save_single_process
 
-    schema = synthetic("criteo", 8).schema
+    schema = lists_schema()  # a ragged list, a fixed-length list, scalars
     model = mm.DLRMModel(schema, embeddings=DistributedEmbeddings(schema, dim=4),
                          bottom_block=mm.MLPBlock([4]), top_block=mm.MLPBlock([4]),
-                         prediction_tasks=mm.BinaryClassificationTask("label"))
+                         prediction_tasks=mm.BinaryClassificationTask("click"))
     batch = sample_batch(schema, rows=4)
     want = model(batch, training=False).numpy()
     counters = dict(backend.get_default_graph_uid_map())
     save_single_process(model, lambda m, path: m.save(path), str(tmp_path / "saved"))
     assert dict(backend.get_default_graph_uid_map()) == counters
+
+    # the serving signature takes the Loader's column names (what Merlin Systems feeds)
+    signature = tf.saved_model.load(str(tmp_path / "saved")).signatures["serving_default"]
+    assert sorted(signature.structured_input_signature[1]) == sorted(batch)
 
     loaded = tf.keras.models.load_model(str(tmp_path / "saved"))
     assert type(loaded.layers[0]).__name__ == "SequentialBlock"  # rebuilt from its config
