@@ -286,9 +286,18 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         self.backend = create(self.backend_name, self.plan, self.features, self.rank,
                               validate_ids=self.validate_ids, exchange_dtype=self.exchange_dtype)
 
-    def summary(self, optimizer: str = "sgd") -> str:
-        """The placement summary, with the backend that runs it."""
-        return f"backend={self.backend_name}\n" + self.plan.summary(optimizer=optimizer)
+    # the compiled model's optimizer: its name and extra copies per parameter (plain values,
+    # which Keras does not track); set by the compile hook (merlin/hooks.py)
+    compiled_optimizer_name: str | None = None
+    compiled_optimizer_slots: int | None = None
+
+    def summary(self, optimizer: str | None = None) -> str:
+        """The placement summary, with the backend that runs it. Bytes with slots count the
+        slots of ``optimizer`` (a name), else of the compiled model's optimizer, else sgd's."""
+        if optimizer is None and self.compiled_optimizer_name is not None:
+            return (f"backend={self.backend_name}\n" + self.plan.summary(
+                optimizer=self.compiled_optimizer_name, slots=self.compiled_optimizer_slots))
+        return f"backend={self.backend_name}\n" + self.plan.summary(optimizer=optimizer or "sgd")
 
     @property
     def local_variables(self) -> list:

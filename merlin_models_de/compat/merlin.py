@@ -16,8 +16,8 @@ def install_merlin_hooks(hooks) -> None:
     optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
     ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
     ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
-    ``predict``), ``before_fit(model)`` and ``rebuild_scope()`` (a context around every
-    model class's ``from_config``).
+    ``predict``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
+    ``rebuild_scope()`` (a context around every model class's ``from_config``).
     """
     ensure_supported()
     from merlin.models.tf.models import base as merlin_base
@@ -31,8 +31,11 @@ def install_merlin_hooks(hooks) -> None:
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
         if not hooks.active(self):
-            return compile_(self, optimizer, *args, **kwargs)
-        return hooks.compile(compile_, self, optimizer, *args, **kwargs)
+            out = compile_(self, optimizer, *args, **kwargs)
+        else:
+            out = hooks.compile(compile_, self, optimizer, *args, **kwargs)
+        hooks.after_compile(self)
+        return out
 
     def evaluate(self, x=None, *args, **kwargs):
         if not hooks.active(self):

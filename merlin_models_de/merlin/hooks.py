@@ -37,7 +37,7 @@ from merlin_models_de.persistence.export import save_single_process
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
 from merlin_models_de.merlin.id_report import report_for
-from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer
+from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer, slot_copies
 from merlin_models_de.variables import embedding_blocks, local_slot_refs
 
 
@@ -191,6 +191,13 @@ class MerlinHooks:
                 f"last batch per rank: {dict(enumerate(lasts))}. Make the loader with "
                 f"mm.Loader(ds, batch_size=B, drop_last=True), or pass "
                 f"{given}={max(min(known) - 1, 0)}.")
+
+    @staticmethod
+    def after_compile(model):
+        """Tells each block the compiled optimizer's slot copies (``block.summary()``)."""
+        name, slots = slot_copies(model.optimizer) or (None, None)
+        for block in embedding_blocks(model):
+            block.compiled_optimizer_name, block.compiled_optimizer_slots = name, slots
 
     @staticmethod
     def before_fit(model):

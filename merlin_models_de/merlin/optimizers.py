@@ -39,6 +39,29 @@ def scaled_optimizer(optimizer, factor):
     return opt.__class__.from_config(config)
 
 
+# extra copies of each parameter an optimizer keeps, before its options add more
+_BASE_SLOTS = {"sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "adamax": 2,
+               "nadam": 2, "lazyadam": 2, "ftrl": 2, "adadelta": 2}
+
+
+def slot_copies(optimizer) -> tuple[str, int] | None:
+    """``(name, extra copies per parameter)`` of a compiled optimizer, for
+    ``block.summary()``; None where one number cannot say it (a MultiOptimizer, whose tables
+    may each have another optimizer) or the optimizer is unknown."""
+    optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
+    # Horovod's DistributedOptimizer subclasses the optimizer's class: name the first class
+    # of the optimizer's own library
+    name = next(c.__name__ for c in type(optimizer).__mro__
+                if not c.__module__.startswith("horovod")).lower()
+    if is_multi_optimizer(optimizer) or name not in _BASE_SLOTS:
+        return None
+    config = optimizer.get_config()
+    extra = int(name in ("sgd", "rmsprop") and bool(config.get("momentum")))
+    extra += int(name == "rmsprop" and bool(config.get("centered")))
+    extra += int(bool(config.get("amsgrad")))
+    return name, _BASE_SLOTS[name] + extra
+
+
 def is_multi_optimizer(optimizer) -> bool:
     """Merlin's ``MultiOptimizer`` (one optimizer per group of blocks)."""
     return hasattr(optimizer, "optimizers_and_blocks")

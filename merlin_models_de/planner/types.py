@@ -150,15 +150,18 @@ class ShardingPlan:
                    tuple(Shard.from_dict(s) for s in d["shards"]),
                    tuple(sorted(dict(d.get("options", {})).items())))
 
-    def summary(self, optimizer: str = "sgd", dtype_bytes: int = 4) -> str:
+    def summary(self, optimizer: str = "sgd", dtype_bytes: int = 4,
+                slots: int | None = None) -> str:
         """A text table: per rank shards, rows, parameter bytes and bytes with optimizer slots.
 
         Args:
             optimizer: Name of the optimizer whose slot copies to count (sgd 0, adagrad 1,
                 adam 2 extra copies).
             dtype_bytes: Bytes per parameter.
+            slots: Extra copies per parameter, where known better than by the name (an
+                optimizer's momentum, amsgrad, ...).
         """
-        slots = optimizer_slots(optimizer)
+        slots = optimizer_slots(optimizer) if slots is None else slots
         lines = [f"ShardingPlan: {len(self.tables)} tables, world_size={self.world_size}, "
                  f"strategy={self.strategy}, optimizer={optimizer.lower()} (+{slots} slot copies)",
                  f"{'rank':>4} {'shards':>6} {'rows':>14} {'params':>12} {'with slots':>12}"]

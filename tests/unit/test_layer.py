@@ -209,3 +209,19 @@ def test_float_ids_and_huge_tables_are_refused_in_one_process():
     block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2)
     with pytest.raises(ValueError, match=r"Feature 'user' must hold integer ids. Received: dtype=float32"):
         block({"user": tf.constant([1.7])})
+
+
+@pytest.mark.parametrize("optimizer, line", [
+    (lambda: "sgd", "optimizer=sgd (+0 slot copies)"),
+    (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "optimizer=sgd (+1 slot copies)"),
+    (lambda: tf.keras.optimizers.legacy.Adagrad(0.1), "optimizer=adagrad (+1 slot copies)"),
+    (lambda: tf.keras.optimizers.Adam(amsgrad=True), "optimizer=adam (+3 slot copies)"),
+    (lambda: mm.LazyAdam(), "optimizer=lazyadam (+2 slot copies)")])
+def test_summary_counts_the_compiled_optimizers_slots(optimizer, line):
+    schema = Schema([cat("user", 99), cat("item", 49)])
+    block = DistributedEmbeddings(schema, dim=4)
+    assert "optimizer=sgd (+0 slot copies)" in block.summary()  # not compiled yet
+    model = mm.Model(block, mm.MLPBlock([4]), mm.BinaryOutput("click"))
+    model.compile(optimizer=optimizer())
+    assert line in block.summary()
+    assert "optimizer=adam (+2 slot copies)" in block.summary("adam")  # a name given wins
