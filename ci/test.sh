@@ -39,11 +39,11 @@ run_stage "collect every test module" \
 run_stage "single-process tests" \
   timeout --kill-after=30 2700 python -m pytest tests/unit --ignore=tests/unit/horovod \
     --ignore=tests/unit/test_docs.py \
-    -p no:cacheprovider --timeout=600 -q "$@"
+    -p no:cacheprovider --timeout=600 -q --durations=15 "$@"
 
 run_stage "horovodrun -np $NP tests" \
   timeout --kill-after=30 2700 horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
-    python -m pytest tests/unit/horovod -p no:cacheprovider -q "$@"
+    python -m pytest tests/unit/horovod -p no:cacheprovider -q --durations=15 "$@"
 
 # Hosts as network namespaces with their own sshd (scripts/netns_hosts.sh): horovodrun in h1
 # starts ranks over ssh on h1..h3 (tests/multihost; they skip, saying why, where namespaces

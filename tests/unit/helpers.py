@@ -52,3 +52,17 @@ class TFLogRecords:
     def __exit__(self, *exc):
         self._logger.removeHandler(self._handler)
         return False
+
+
+def check_plain_run_output(run):
+    """Asserts what a plain one-process run of the DLRM command over 2 epochs printed (the
+    run itself is tests/unit/test_dlrm.py's single-process run, started without --quiet and
+    without logging variables)."""
+    summaries = [l for l in run.stdout.splitlines() if l.startswith("epoch ")]
+    assert [l.split(":")[0] for l in summaries] == ["epoch 1", "epoch 2"], run.stdout
+    assert "Epoch 1/2" not in run.stdout and "Epoch 2/2" not in run.stdout, run.stdout
+    both = run.stdout + run.stderr
+    assert "is slow compared to the batch time" not in both, both[-3000:]
+    assert not [l for l in run.stderr.splitlines()
+                if " I tensorflow/" in l or " W tensorflow/" in l], run.stderr[-3000:]
+    assert "DistributedEmbeddings runs in one process (not started by horovodrun)" in run.stderr

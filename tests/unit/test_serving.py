@@ -2,6 +2,8 @@
 block's tables -> a saved model -> Merlin Systems ensembles on raw rows (docs/nvtabular.md,
 docs/serving.md). The 2-rank half is tests/unit/horovod/test_examples.py."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -67,25 +69,19 @@ def test_workflow_output_gives_the_block_its_tables_and_the_special_ids(out):
     assert {"item", "id", "list"} <= {t.value for t in item.tags}
 
 
-def ranking_model(schema):
-    s = schema.excluding_by_tag("target")
-    tf.keras.utils.set_random_seed(0)
-    return mm.DLRMModel(schema, embeddings=mm.DistributedEmbeddings(s, dim=4),
-                        bottom_block=mm.MLPBlock([4]), top_block=mm.MLPBlock([4]),
-                        prediction_tasks=mm.BinaryClassificationTask("click"))
-
-
 def test_ranking_ensemble_on_raw_rows_predicts_as_the_model(out, tmp_path):
+    """The DLRM command's --export (docs/nvtabular.md, section 3) served on raw rows."""
     from merlin.io import Dataset
 
     from merlin_models_de.serving.ensemble import column_array, load_model, ranking_ensemble
 
-    train = Dataset(str(out / "nvt/clicks/train"), engine="parquet")
-    model = ranking_model(train.schema)
-    model.compile(optimizer="adam")
-    model.fit(mm.Loader(train, batch_size=64, drop_last=True), epochs=1, verbose=0)
-    model.save(str(tmp_path / "model"))
-
+    run = subprocess.run(
+        [sys.executable, "-m", "merlin_models_de.apps.dlrm", "--train-dir",
+         str(out / "nvt/clicks/train"), "--batch-size", "64", "--epochs", "1", "--dim", "4",
+         "--bottom-mlp", "4", "--top-mlp", "4", "--quiet", "--export", str(tmp_path / "model")],
+        capture_output=True, text=True, timeout=600, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     loaded = load_model(tmp_path / "model")
     valid = Dataset(str(out / "nvt/clicks/valid"), engine="parquet")
     want = loaded.predict(mm.Loader(valid, batch_size=50, shuffle=False), verbose=0)

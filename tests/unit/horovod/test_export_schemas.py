@@ -40,7 +40,7 @@ def criteo_without_item_id():
 
     return Schema([ColumnSchema(c.name, tags=[t for t in c.tags if t not in (Tags.ITEM_ID, Tags.ITEM)],
                                 dtype=c.dtype, properties=c.properties, is_list=c.is_list,
-                                is_ragged=c.is_ragged) for c in fc.schema()])
+                                is_ragged=c.is_ragged) for c in fc.small_schema()])
 
 
 def lists_and_continuous():

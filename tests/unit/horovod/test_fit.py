@@ -122,8 +122,9 @@ def test_only_tables_train_when_every_dense_layer_is_frozen(hvd, tmp_path_factor
 def test_save_exports_a_single_process_model(hvd, tmp_path_factory):
     n, r = comm.size(), comm.rank()
     spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
-                world_size=n, per_rank=PER_RANK)
-    data = comm.broadcast_object(fc.make_data(n * PER_RANK * 2, seed=4))
+                world_size=n, per_rank=PER_RANK, small=True)
+    data = fc.only_columns(comm.broadcast_object(fc.make_data(n * PER_RANK * 2, seed=4)),
+                           fc.small_schema().column_names)
     model = fc.build_model(spec)
     x, y = fc.split_xy(data, spec)
     rows = fc.rank_rows(len(y), PER_RANK, n, r)
