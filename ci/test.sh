@@ -36,9 +36,12 @@ run_stage "collect every test module" \
 
 # tests/unit/test_docs.py (every code block of README and docs/, ~20 min) runs by itself:
 # `bash ci/docs.sh`; it is kept out of this run until its cost is cut (CI's 60-minute budget).
+# Two pytest workers, a test file each at a time (its module fixtures built once): many of
+# these tests wait on a command they started (horovodrun, a second process), so the other
+# worker's test uses the core meanwhile.
 run_stage "single-process tests" \
   timeout --kill-after=30 2700 python -m pytest tests/unit --ignore=tests/unit/horovod \
-    --ignore=tests/unit/test_docs.py \
+    --ignore=tests/unit/test_docs.py -n 2 --dist loadfile \
     -p no:cacheprovider --timeout=600 -q --durations=15 "$@"
 
 run_stage "horovodrun -np $NP tests" \

@@ -118,22 +118,6 @@ def test_sessions_do_not_depend_on_world_size():
     assert counts[:10].sum() / counts.sum() > 0.2
 
 
-def test_one_process_tiny_run_reports_speed_loss_and_top_k(tmp_path):
-    path = str(tmp_path / "r.json")
-    run = _run([*TINY, "--batch-size", "128", "--report", path])
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "epoch 1:" in run.stdout and "val_recall_at_10=" in run.stdout
-    report = json.load(open(path, encoding="utf-8"))
-    assert report["world_size"] == 1 and report["steps_per_epoch"] == 8
-    assert report["valid_steps"] == 2 and report["item_table_kind"] == "TABLE_WISE"
-    (epoch,) = report["epochs"]
-    assert epoch["embedding_bytes"] == [2000 * 8 * 4] == [report["total_embedding_bytes"]]
-    assert epoch["peak_rss_bytes"][0] > 0 and report["warm_samples_per_second"] > 0
-    assert math.isfinite(report["final_loss"])
-    assert {"loss", "recall_at_10", "ndcg_at_10"} <= set(report["val"])
-    assert 0.0 <= report["val"]["recall_at_10"] <= 1.0
-
-
 def test_two_ranks_shard_the_item_table_by_rows(tmp_path):
     path = str(tmp_path / "r.json")
     run = _run([*TINY, "--batch-size", "64", "--report", path], ranks=2, timeout=400)
@@ -150,13 +134,29 @@ def test_two_ranks_shard_the_item_table_by_rows(tmp_path):
     assert math.isfinite(report["val"]["ndcg_at_10"])
 
 
+def check_one_process_tiny_report(run, path):
+    """What a one-process run of TINY with batch 128 reports: speed, loss, top-k metrics."""
+    assert "epoch 1:" in run.stdout and "val_recall_at_10=" in run.stdout
+    report = json.load(open(path, encoding="utf-8"))
+    assert report["world_size"] == 1 and report["steps_per_epoch"] == 8
+    assert report["valid_steps"] == 2 and report["item_table_kind"] == "TABLE_WISE"
+    (epoch,) = report["epochs"]
+    assert epoch["embedding_bytes"] == [2000 * 8 * 4] == [report["total_embedding_bytes"]]
+    assert epoch["peak_rss_bytes"][0] > 0 and report["warm_samples_per_second"] > 0
+    assert math.isfinite(report["final_loss"])
+    assert {"loss", "recall_at_10", "ndcg_at_10"} <= set(report["val"])
+    assert 0.0 <= report["val"]["recall_at_10"] <= 1.0
+
+
 def test_a_run_resumes_from_its_checkpoint_at_the_next_epoch(tmp_path):
-    """The first run saves after its epoch; the second, asked for 2 epochs, restores that
-    checkpoint (step 8 of 8 per epoch) and trains only epoch 2."""
+    """The first run (one process, what it reports checked) saves after its epoch; the
+    second, asked for 2 epochs, restores that checkpoint (step 8 of 8 per epoch) and trains
+    only epoch 2."""
     ckpt, first, second = str(tmp_path / "ckpt"), str(tmp_path / "1.json"), str(tmp_path / "2.json")
     common = [*TINY[:-3], "--batch-size", "128", "--quiet", "--checkpoint-dir", ckpt]
     run = _run([*common, "--epochs", "1", "--report", first])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    check_one_process_tiny_report(run, first)
     assert json.load(open(first, encoding="utf-8"))["resumed"] is None
     latest = open(os.path.join(ckpt, "latest"), encoding="utf-8").read().strip()
     assert latest == "ckpt-000000008"
