@@ -43,6 +43,40 @@ def sample_batch(schema, rows: int = 2) -> dict:
     return batch
 
 
+def batch_like(model, batch: dict) -> dict:
+    """``batch`` (:func:`sample_batch`) in the form ``model`` was first called with.
+
+    Keras keeps a model's first inputs as its save spec, and the SavedModel of it serves (and
+    reloads) exactly that form: scalars ``[B]`` or ``[B, 1]``, ragged lists as ragged tensors
+    or as ``__values`` / ``__offsets``. The export's one-process copy is called with this, so
+    its SavedModel takes what the trained model took, as a one-process save would. Anything
+    the spec does not describe: ``batch`` unchanged.
+    """
+    import tensorflow as tf
+
+    spec = model.save_spec() if hasattr(model, "save_spec") else None
+    inputs = spec[0][0] if spec and spec[0] else None
+    if not isinstance(inputs, dict):
+        return batch
+    out = {}
+    for name, want in inputs.items():
+        if name in batch:
+            value = batch[name]
+            if isinstance(want, tf.TensorSpec) and want.shape.rank == value.shape.rank + 1:
+                value = tf.expand_dims(value, -1)  # [B] -> [B, 1]
+            elif isinstance(want, tf.TensorSpec) and want.shape.rank == value.shape.rank - 1:
+                value = tf.squeeze(value, -1) if value.shape[-1] == 1 else None
+        elif isinstance(want, tf.RaggedTensorSpec) and f"{name}__values" in batch:
+            value = tf.RaggedTensor.from_row_splits(batch[f"{name}__values"],
+                                                    batch[f"{name}__offsets"])
+        else:
+            value = None
+        if value is None:
+            return batch
+        out[name] = value
+    return out
+
+
 def _column_batch(col, rows: int):
     import numpy as np
     import tensorflow as tf
@@ -114,7 +148,7 @@ def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
         clone = model.__class__.from_config(model.get_config())
         # or the config it saves rebuilds another model (see merlin_compat.match_schemas)
         merlin_compat.match_schemas(model, clone, opaque=tuple({type(b) for b in blocks}))
-        clone(sample_batch(model.schema))
+        clone(batch_like(model, sample_batch(model.schema)))
         clone_blocks = embedding_blocks(clone)
         targets = dense_weights(clone, clone_blocks)
         if [t.shape for t in targets] != [d.shape for d in dense]:
