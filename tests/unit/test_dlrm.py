@@ -266,6 +266,7 @@ def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     assert "train batches per rank differ [15, 7]" in run.stdout
 
 
+@pytest.mark.timeout(1500)  # 4 command runs + the breakdown: ~5 min beside another worker
 def test_bench_runs_every_baseline_and_reports_ratios(tmp_path):
     out = str(tmp_path / "bench")
     run = subprocess.run(
@@ -273,7 +274,7 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path):
          "--batch-size", "64", "--epochs", "2", "--max-table-rows", "1000", "--dim", "8",
          "--optimizers", "sgd", "--repeats", "1", "--breakdown-iterations", "5",
          "--out", out],
-        capture_output=True, text=True, timeout=1200, env=ENV, check=False)
+        capture_output=True, text=True, timeout=1400, env=ENV, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
     result = json.load(open(os.path.join(out, "bench.json"), encoding="utf-8"))
     rows = {r["run"]: r for r in result["rows"]}
