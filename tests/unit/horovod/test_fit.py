@@ -153,6 +153,15 @@ def test_save_exports_a_single_process_model(hvd, tmp_path_factory):
                if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))}
         run = subprocess.run([sys.executable, "-c", code, path, src, out], capture_output=True,
                              text=True, timeout=600, env=env)
-        assert run.returncode == 0, run.stderr[-3000:]
-        np.testing.assert_allclose(np.load(out), distributed, rtol=1e-4, atol=1e-6)
-    comm.barrier()
+        problem = run.stderr[-3000:] if run.returncode else None
+        if problem is None:
+            try:
+                np.testing.assert_allclose(np.load(out), distributed, rtol=1e-4, atol=1e-6)
+            except AssertionError as err:
+                problem = str(err)
+    else:
+        problem = None
+    # rank 0 checks; every rank fails with its finding (one rank failing alone would leave
+    # the other waiting in the next collective)
+    problem = comm.broadcast_object(problem)
+    assert problem is None, problem
