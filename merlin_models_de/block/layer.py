@@ -294,10 +294,11 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
     def summary(self, optimizer: str | None = None) -> str:
         """The placement summary, with the backend that runs it. Bytes with slots count the
         slots of ``optimizer`` (a name), else of the compiled model's optimizer, else sgd's."""
-        if optimizer is None and self.compiled_optimizer_name is not None:
-            return (f"backend={self.backend_name}\n" + self.plan.summary(
-                optimizer=self.compiled_optimizer_name, slots=self.compiled_optimizer_slots))
-        return f"backend={self.backend_name}\n" + self.plan.summary(optimizer=optimizer or "sgd")
+        compiled = optimizer is None and self.compiled_optimizer_name is not None
+        table = (self.plan.summary(optimizer=self.compiled_optimizer_name,
+                                   slots=self.compiled_optimizer_slots) if compiled
+                 else self.plan.summary(optimizer=optimizer or "sgd"))
+        return f"backend={self.backend_name}\n{table}"
 
     @property
     def local_variables(self) -> list:

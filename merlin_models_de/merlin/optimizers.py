@@ -22,6 +22,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.planner.types import OPTIMIZER_SLOTS
 from merlin_models_de.variables import is_local
 
 
@@ -39,11 +40,6 @@ def scaled_optimizer(optimizer, factor):
     return opt.__class__.from_config(config)
 
 
-# extra copies of each parameter an optimizer keeps, before its options add more
-_BASE_SLOTS = {"sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2, "adamax": 2,
-               "nadam": 2, "lazyadam": 2, "ftrl": 2, "adadelta": 2}
-
-
 def slot_copies(optimizer) -> tuple[str, int] | None:
     """``(name, extra copies per parameter)`` of a compiled optimizer, for
     ``block.summary()``; None where one number cannot say it (a MultiOptimizer, whose tables
@@ -53,7 +49,7 @@ def slot_copies(optimizer) -> tuple[str, int] | None:
     # of the optimizer's own library
     name = next(c.__name__ for c in type(optimizer).__mro__
                 if not c.__module__.startswith("horovod")).lower()
-    if is_multi_optimizer(optimizer) or name not in _BASE_SLOTS:
+    if is_multi_optimizer(optimizer) or name not in OPTIMIZER_SLOTS:
         return None
     try:
         config = optimizer.get_config()
@@ -62,7 +58,7 @@ def slot_copies(optimizer) -> tuple[str, int] | None:
     extra = int(name in ("sgd", "rmsprop") and bool(config.get("momentum")))
     extra += int(name == "rmsprop" and bool(config.get("centered")))
     extra += int(bool(config.get("amsgrad")))
-    return name, _BASE_SLOTS[name] + extra
+    return name, OPTIMIZER_SLOTS[name] + extra
 
 
 def is_multi_optimizer(optimizer) -> bool:
