@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 
 from merlin_models_de.compat.versions import ensure_supported
 
@@ -16,7 +17,8 @@ def install_merlin_hooks(hooks) -> None:
     optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
     ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
     ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
-    ``predict``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
+    ``predict``), ``rank_loader(method, data, batch_size, shuffle, loader_kwargs)`` (a
+    Merlin ``Dataset`` given to them, as a ``Loader``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
     ``rebuild_scope()`` (a context around every model class's ``from_config``).
     """
     ensure_supported()
@@ -40,17 +42,20 @@ def install_merlin_hooks(hooks) -> None:
     def evaluate(self, x=None, *args, **kwargs):
         if not hooks.active(self):
             return evaluate_(self, x, *args, **kwargs)
+        x, args, kwargs = _loaders_first(evaluate_, hooks, "evaluate", self, x, args, kwargs)
         hooks.check_batches(self, "evaluate", x, kwargs.get("steps"))
         return hooks.evaluate(evaluate_, self, x, *args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
         if hooks.active(self):
+            x, args, kwargs = _loaders_first(fit_, hooks, "fit", self, x, args, kwargs)
             hooks.check_batches(self, "fit", x, kwargs.get("steps_per_epoch"))
             hooks.before_fit(self)
         return fit_(self, x, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
         if hooks.active(self):
+            x, args, kwargs = _loaders_first(predict_, hooks, "predict", self, x, args, kwargs)
             hooks.check_batches(self, "predict", x, kwargs.get("steps"))
         return predict_(self, x, *args, **kwargs)
 
@@ -69,6 +74,35 @@ def install_merlin_hooks(hooks) -> None:
                               and c is not model_cls and "from_config" in c.__dict__]:
         cls.from_config = _scoped_from_config(cls.from_config.__func__, hooks)
     setattr(model_cls, _MARK, True)
+
+
+# Merlin 23.8 turns a Merlin Dataset into a Loader inside the method, with these shuffles
+# (fit's own `shuffle` argument reaches only validation_data) and its **kwargs as the
+# Loader's arguments
+_DATASET_ARGUMENTS = {"fit": {"x": lambda a: True,
+                              "validation_data": lambda a: a.get("shuffle", True)},
+                      "evaluate": {"x": lambda a: False}, "predict": {"x": lambda a: False}}
+
+
+def _loaders_first(original, hooks, method, model, x, args, kwargs):
+    """``(x, args, kwargs)`` of a call to Merlin's ``method`` with every Merlin ``Dataset``
+    argument already turned into a ``Loader`` by ``hooks.rank_loader(method, data,
+    batch_size, shuffle, loader_kwargs)``, so that the batch checks see the loader the
+    method will read. The Loader's arguments are then taken out of the call (Merlin's
+    ``evaluate`` would also pass them on to Keras, which refuses them)."""
+    bound = inspect.signature(original).bind(model, x, *args, **kwargs)
+    arguments = bound.arguments
+    extra = arguments.get("kwargs", {})
+    made = False
+    for name, shuffle in _DATASET_ARGUMENTS[method].items():
+        given = arguments.get(name)
+        loader = hooks.rank_loader(method, given, arguments.get("batch_size"),
+                                   shuffle(arguments), extra)
+        if loader is not given:
+            arguments[name], made = loader, True
+    if made:
+        arguments["kwargs"] = {}
+    return arguments["x"], bound.args[2:], bound.kwargs
 
 
 def install_output_hooks(accepts, tie) -> None:

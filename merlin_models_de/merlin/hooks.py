@@ -10,6 +10,9 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
   their slots) are registered as local: never allreduced, their gradients divided by the
   world size; data-parallel tables are allreduced dense; allreduces get rank-independent
   names so graph-mode steps cannot deadlock.
+- fit / evaluate / predict: a Merlin ``Dataset`` given to them is read by a ``Loader`` made
+  under the data rules (a partition a rank at least, ``drop_last=True`` unless given), and
+  every rank is checked to run the same number of equal batches before the first step.
 - fit: Merlin's broadcast callback is replaced by one that skips local variables and slots;
   with ``validate_ids=False`` the epoch's ids outside their tables are reported
   (:mod:`merlin_models_de.merlin.id_report`).
@@ -37,6 +40,7 @@ from merlin_models_de.persistence.export import save_single_process
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
 from merlin_models_de.merlin.id_report import report_for
+from merlin_models_de.merlin.input import rank_loader
 from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer, slot_copies
 from merlin_models_de.variables import embedding_blocks, local_slot_refs
 
@@ -151,6 +155,10 @@ class MerlinHooks:
             with merlin_compat.optimizer_as_given(model):
                 return original(model, optimizer, *args, **kwargs)
         return original(model, optimizer, *args, **kwargs)
+
+    @staticmethod
+    def rank_loader(method, data, batch_size, shuffle, loader_kwargs):
+        return rank_loader(method, data, batch_size, shuffle, loader_kwargs)
 
     @staticmethod
     def check_batches(model, method, data, steps):

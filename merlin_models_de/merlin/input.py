@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 
 from merlin_models_de import comm
 
@@ -77,4 +78,35 @@ def loader_dataset(dataset, batch_size: int, drop_last: bool = True, rank: int |
     return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(prefetch)
 
 
-__all__ = ["loader_dataset", "rank_partitions"]
+_said: set = set()
+
+
+def rank_loader(method: str, data, batch_size, shuffle: bool, loader_kwargs: dict):
+    """The ``mm.Loader`` that ``fit`` / ``evaluate`` / ``predict`` make from a Merlin
+    ``Dataset`` given to them (Merlin makes it inside the method, too late for the batch
+    checks), made under the data rules: fewer partitions than ranks are repartitioned to one
+    a rank, and ``drop_last`` is True unless given. Rank 0 says so once. Other data, or no
+    ``batch_size`` (Merlin names that), is returned as it is."""
+    import merlin.models.tf as mm
+    from merlin.io import Dataset
+
+    if not isinstance(data, Dataset) or batch_size is None:
+        return data
+    ranks, done = comm.size(), []
+    if data.npartitions < ranks:
+        done.append(f"repartitioned the Merlin Dataset's {data.npartitions} partition(s) to "
+                    f"{ranks} (Merlin's Loader gives each rank whole partitions)")
+        data = data.repartition(npartitions=ranks)
+    kwargs = dict(loader_kwargs)
+    if kwargs.get("drop_last") is None:
+        done.append(("read it" if done else "read the Merlin Dataset") + " with "
+                    "drop_last=True (every rank runs the same number of equal batches)")
+        kwargs["drop_last"] = True
+    said = f"{method}: for {ranks} ranks, " + " and ".join(done) + "."
+    if done and comm.rank() == 0 and said not in _said:
+        _said.add(said)
+        print(f"[merlin_models_de] {said}", file=sys.stderr, flush=True)
+    return mm.Loader(data, batch_size=batch_size, shuffle=shuffle, **kwargs)
+
+
+__all__ = ["loader_dataset", "rank_loader", "rank_partitions"]

@@ -1,7 +1,7 @@
 """The data rules of fit / evaluate / predict on 2 ranks, with a real one-file Merlin Dataset
 and a real mm.Loader: fewer partitions than ranks, or a short last batch without drop_last,
-raise one clear error on every rank before any step (never a bare IndexError), and the fix
-the message names works."""
+raise one clear error on every rank before any step (never a bare IndexError), the fix the
+message names works, and a Dataset given to the methods themselves is read under the rules."""
 import pytest
 import tensorflow as tf
 
@@ -57,10 +57,33 @@ def test_one_partition_for_two_ranks_names_repartition_and_drop_last(
         still_in_step()
 
 
-def test_one_partition_given_as_a_dataset_is_refused_too(hvd, model, one_file_dataset):
-    for method, call in calls(model, one_file_dataset, batch_size=BATCH).items():
-        with pytest.raises(ValueError, match=rf"^{method}: the dataset has 1 partition.*"
-                                             r"repartition\(npartitions=2\)"):
+def test_a_dataset_given_to_the_methods_is_read_under_the_data_rules(
+        hvd, model, one_file_dataset, capfd):
+    """fit / evaluate / predict(ds, batch_size=B): Merlin would make the Loader itself from
+    the one partition; it is repartitioned to one a rank and read with drop_last=True
+    (rank 0 says so once), so each rank runs 50 // 16 = 51 // 16 = 3 equal batches."""
+    history = model.fit(one_file_dataset, batch_size=BATCH, verbose=0,
+                        validation_data=one_file_dataset)
+    assert len(history.history["loss"]) == len(history.history["val_loss"]) == 1
+    assert set(model.evaluate(one_file_dataset, batch_size=BATCH, verbose=0,
+                              return_dict=True)) >= {"loss"}
+    assert model.predict(one_file_dataset, batch_size=BATCH).shape == (3 * BATCH, 1)
+    err = capfd.readouterr().err
+    said = ("repartitioned the Merlin Dataset's 1 partition(s) to 2 (Merlin's Loader gives "
+            "each rank whole partitions) and read it with drop_last=True")
+    for method in ("fit", "evaluate", "predict"):
+        assert err.count(f"{method}: for 2 ranks, {said}") == (1 if comm.rank() == 0 else 0)
+    still_in_step()
+
+
+def test_a_dataset_given_with_drop_last_false_names_the_short_batches(
+        hvd, model, one_file_dataset):
+    for method, call in calls(model, one_file_dataset, batch_size=BATCH,
+                              drop_last=False).items():
+        given = "steps_per_epoch" if method == "fit" else "steps"
+        with pytest.raises(ValueError, match=(
+                rf"^{method}: the ranks' last batches differ in size.*"
+                r"\{0: 2, 1: 3\}.*" + rf"{given}=3")):
             call()
     still_in_step()
 
