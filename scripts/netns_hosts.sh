@@ -15,7 +15,8 @@
 #       --network-interface mmde0 .venv/bin/python train.py
 #   scripts/netns_hosts.sh down
 #
-# Layout: the bridge lives in a namespace of its own (mmde-sw), so the root namespace has no
+# Layout: each host is a network namespace and, for its processes (sshd and what `run`
+# starts), a UTS namespace whose hostname is hK, as on a cluster. The bridge lives in a namespace of its own (mmde-sw), so the root namespace has no
 # interface on this network and no traffic leaves it. Inside a host, `ip netns exec` mounts
 # the files of /etc/netns/mmde-hK/ over /etc: its `hosts` names every host, and its `ssh/`
 # holds this run's client and server configuration and keys (made fresh by `up`, in $STATE).
@@ -30,6 +31,7 @@ SW="$PREFIX-sw"
 BR="${PREFIX}br"
 
 die() { echo "netns_hosts: $*" >&2; exit 1; }
+exec_() { "$@"; }
 ns() { echo "$PREFIX-$1"; }                       # h2 -> mmde-h2
 hosts_up() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$PREFIX-h[0-9]+$" | sed "s/^$PREFIX-//" | sort -V || true; }
 
@@ -117,7 +119,7 @@ up() {
     ip -n "$(ns "h$k")" link set "$IFACE" up
     ip -n "$(ns "h$k")" link set lo up
     write_ssh_config "$k" "$n"
-    ip netns exec "$(ns "h$k")" /usr/sbin/sshd -f /etc/ssh/sshd_config
+    in_host "h$k" /usr/sbin/sshd -f /etc/ssh/sshd_config
   done
   # Every host reaches every other over ssh before we say ready (sshd needs a moment to listen).
   for k in $(seq 1 "$n"); do
@@ -130,10 +132,18 @@ up() {
   echo "netns_hosts: up: $(hosts_up | tr '\n' ' ')on $SUBNET.0/24, interface $IFACE, state in $STATE"
 }
 
+# A host has its own network and its own name: Gloo's TCP transport resolves the machine's
+# hostname, which must be the host's (hK, in its /etc/hosts), not the one machine's name.
+in_host() {
+  local host="$1"; shift
+  exec_ ip netns exec "$(ns "$host")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
+}
+
 run() {
   local host="$1"; shift
   ip netns list | awk '{print $1}' | grep -qx "$(ns "$host")" || die "no host $host (run: $0 up)"
-  exec ip netns exec "$(ns "$host")" "$@"
+  exec_() { exec "$@"; }  # the command replaces this script (signals reach it)
+  in_host "$host" "$@"
 }
 
 kill_host() {  # every process of the host, by the ids its namespace lists

@@ -16,7 +16,10 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad"):
     import horovod.tensorflow.keras as hvd_keras
     import tensorflow as tf
 
-    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True)
+    # local gradients are divided by the world size here: Horovod 0.28.1's own scaling
+    # divides a float gradient by an int32 size tensor under elastic (a TypeError)
+    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True,
+                                             scale_local_gradients=False)
     allreduce = wrapped._allreduce  # pylint: disable=protected-access
     # Horovod's own reduce function puts each gradient's allreduce behind a tf.cond, in a
     # nested tf.function that autograph rewrites: ~1 s of the first step's tracing, and a
@@ -28,14 +31,25 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad"):
         return average(grads, prefix)
 
     def register_then_allreduce(grads, variables):
-        for var in variables:
-            if is_local(var):
+        local = [is_local(var) for var in variables]
+        for var, mine in zip(variables, local):
+            if mine:
                 wrapped.register_local_var(var)
-        return allreduce(grads, variables)
+        size = float(comm.size())
+        return [_divided(grad, size) if mine and grad is not None else grad
+                for grad, mine in zip(allreduce(grads, variables), local)]
 
     wrapped._allreduce_grads = generic_names  # pylint: disable=protected-access
     wrapped._allreduce = register_then_allreduce  # pylint: disable=protected-access
     return wrapped
+
+
+def _divided(grad, size):
+    import tensorflow as tf
+
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
 
 
 def is_horovod_optimizer(optimizer) -> bool:
