@@ -9,7 +9,8 @@ import pytest
 
 from tests.multihost.conftest import Job, netns
 
-BOUND = 120  # hang guard (seconds from the fault to the end of horovodrun); measured: report
+BOUND = 60  # hang guard (seconds from the fault to the end of horovodrun); measured 0.4 s
+# (kill) and 15 s (cut)
 
 
 @pytest.mark.parametrize("fault", ["kill", "cut"])
@@ -34,9 +35,13 @@ def test_a_host_lost_mid_training_ends_the_job_and_the_checkpoint_restores(hosts
     print(f"{fault}: the job ended {ended:.1f} s after the fault")
     assert job.code != 0 and ended < BOUND, (job.code, ended)
     assert not (tmp_path / "finished.npy").exists()
-    # horovodrun names the lost rank; its host is the one -H gave it
-    assert "Process 1 exit with status code" in job.output or "[1]" in job.output, \
-        job.output[-3000:]
+    # horovodrun names the lost rank (its host is the one -H gave it); a killed host's ssh
+    # session also names the host (a cut link only times out: ssh says nothing at LogLevel
+    # ERROR, measured 15 s from ServerAliveInterval 5 x ServerAliveCountMax 2)
+    assert "Process 1 exit with status code 255." in job.output, job.output[-3000:]
+    if fault == "kill":
+        assert "[1]<stderr>:Connection to h2 closed by remote host." in job.output, \
+            job.output[-3000:]
     latest = latest_checkpoint(str(tmp_path / "ckpt"))
     step, _ = parse_name(os.path.basename(latest))
     assert step >= 6 and step % 2 == 0, latest

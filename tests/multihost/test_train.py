@@ -39,40 +39,53 @@ def _assert_equal(got, want, prefix=""):
                                    err_msg=key)
 
 
-@pytest.mark.parametrize("hosts_arg, ranks", [("h1:1,h2:1", 2), ("h1:2,h2:2", 4)])
-def test_fit_on_two_hosts_equals_one_process(hosts, tmp_path, hosts_arg, ranks):
+def _fit_job(tmp, hosts_arg, ranks):
     spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
                 world_size=ranks, per_rank=PER_RANK)
-    src, ref_path, ref = _reference(tmp_path, spec)
-    job = horovodrun(hosts_arg, ranks, [*JOB, src, ref_path, str(tmp_path)], tmp_path)
+    src, ref_path, ref = _reference(tmp, spec)
+    job = horovodrun(hosts_arg, ranks, [*JOB, src, ref_path, str(tmp)], tmp)
     assert job.code == 0, job.output[-4000:]
+    print(f"{hosts_arg}: {job.seconds:.0f} s")
+    return spec, src, ref
+
+
+@pytest.fixture(scope="module")
+def two_by_one(hosts, tmp_path_factory):
+    """The 2 hosts x 1 rank job, run once: the oracle test checks its weights, the checkpoint
+    test moves its checkpoint. ``(directory, spec, data file, reference)``."""
+    tmp = tmp_path_factory.mktemp("two_by_one")
+    return (tmp, *_fit_job(tmp, "h1:1,h2:1", 2))
+
+
+@pytest.mark.parametrize("hosts_arg, ranks", [("h1:1,h2:1", 2), ("h1:2,h2:2", 4)])
+def test_fit_on_two_hosts_equals_one_process(hosts, request, tmp_path, hosts_arg, ranks):
+    if ranks == 2:
+        tmp_path, _, _, ref = request.getfixturevalue("two_by_one")
+    else:
+        _, _, ref = _fit_job(tmp_path, hosts_arg, ranks)
     got = dict(np.load(tmp_path / "final.npz"))
     assert list(got["hosts"]) == [h for h in ("h1", "h2") for _ in range(ranks // 2)]
     _assert_equal(got, ref, "final/")
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4, atol=1e-5)
     assert not np.allclose(got["table/C1"], ref["initial/table/C1"])  # it trained
-    print(f"{hosts_arg}: {job.seconds:.0f} s")
 
 
-def test_checkpoints_move_between_two_hosts_and_one_process(hosts, tmp_path):
+def test_checkpoints_move_between_two_hosts_and_one_process(two_by_one, tmp_path):
     from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
     from merlin_models_de.variables import embedding_blocks
     from tests.unit.horovod import fit_common as fc
 
-    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
-                world_size=2, per_rank=PER_RANK)
-    src, ref_path, _ = _reference(tmp_path, spec)
-    job = horovodrun("h1:1,h2:1", 2, [*JOB, src, ref_path, str(tmp_path)], tmp_path)
-    assert job.code == 0, job.output[-4000:]
-    written = dict(np.load(tmp_path / "final.npz"))
+    written_dir, spec, src, _ = two_by_one
+    written = dict(np.load(written_dir / "final.npz"))
 
     # 2 hosts -> 1 process
-    model = fc.build_model(dict(spec, world_size=1))
+    spec = dict(spec, world_size=1)
+    model = fc.build_model(spec)
     data = dict(np.load(src, allow_pickle=True))
     x, _ = fc.split_xy({k: v for k, v in data.items() if k != "spec"}, spec)
     model(fc.take(x, 0, 2))
     model.compile(optimizer=fc.optimizer("adagrad", 0.05))
-    restore_checkpoint(model, str(tmp_path / "ckpt"))
+    restore_checkpoint(model, str(written_dir / "ckpt"))
     mine = fc.snapshot(model)
     _assert_equal(mine, written)
 
