@@ -80,7 +80,8 @@ PYTEST=(python -m pytest -p mmde_swap -p no:cacheprovider -q --tb=short)
 
 mapfile -t SEL1 < <(ids "$PEER/selection.txt")
 start=$SECONDS
-MMDE_TAG=one timeout --kill-after=30 "$T1" "${PYTEST[@]}" "${SEL1[@]}"
+# two pytest workers (pytest-xdist), a test at a time each: the tests are independent
+MMDE_TAG=one timeout --kill-after=30 "$T1" "${PYTEST[@]}" -n 2 --dist load "${SEL1[@]}"
 finish "peer, one process (${#SEL1[@]} tests)" one "$PEER/selection.txt" $? $((SECONDS - start))
 
 mapfile -t SEL2 < <(ids "$PEER/selection_hvd.txt")

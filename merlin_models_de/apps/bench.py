@@ -34,6 +34,7 @@ import sys
 import time
 
 from merlin_models_de.apps import step_breakdown
+from merlin_models_de.apps.cli import INPUTS
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.backends.registry import AUTO, BACKEND_NAMES, is_installed
@@ -56,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="runs of every configuration")
     ap.add_argument("--steps-per-execution", type=int, default=1,
                     help="the DLRM command's --steps-per-execution, for every run")
+    ap.add_argument("--input", default="tf.data", choices=INPUTS,
+                    help="the DLRM command's --input, for every run")
     ap.add_argument("--breakdown-iterations", type=int, default=50,
                     help="timed calls per piece of the step breakdown (0: no breakdown)")
     ap.add_argument("--exchange-dtypes", default="",
@@ -80,7 +83,8 @@ def _runs(args) -> list[dict]:
     for opt in args.optimizers.split(","):
         base = ["--rows", str(args.rows), "--epochs", str(args.epochs), "--dim", str(args.dim),
                 "--optimizer", opt, "--quiet",
-                "--steps-per-execution", str(args.steps_per_execution)]
+                "--steps-per-execution", str(args.steps_per_execution),
+                "--input", args.input]
         if args.max_table_rows:
             base += ["--max-table-rows", str(args.max_table_rows)]
         lr = LEARNING_RATES[opt]

@@ -24,6 +24,7 @@ from merlin_models_de.comm import launch_env
 from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
 
 EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
+INPUTS = ("tf.data", "loader")  # how a command feeds fit: loader_dataset or Merlin's Loader
 
 
 def ints(text: str) -> list[int]:

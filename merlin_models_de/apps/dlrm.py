@@ -26,7 +26,7 @@ import math
 import sys
 import time
 
-from merlin_models_de.apps.cli import (EMBEDDINGS, OneLineParser, checked_arguments,
+from merlin_models_de.apps.cli import (EMBEDDINGS, INPUTS, OneLineParser, checked_arguments,
                                        dataset_dir_problem, ints, parquet_files_problem, world)
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0, help="seed of the data and initial weights")
     data.add_argument("--train-dir", default=None, help="parquet files + Merlin schema")
     data.add_argument("--valid-dir", default=None)
+    data.add_argument("--input", default="tf.data", choices=INPUTS,
+                      help="tf.data: this rank's Loader batches as a native tf.data pipeline "
+                           "(loader_dataset; scalar columns), loader: Merlin's Loader itself")
     model = ap.add_argument_group("model and training")
     model.add_argument("--dim", type=int, default=16)
     model.add_argument("--bottom-mlp", type=ints, default=[128],

@@ -17,9 +17,9 @@ import time
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.apps.dlrm_run import (RestOfEpoch, configure_threads, datasets_for,
+from merlin_models_de.apps.dlrm_run import (configure_threads, datasets_for, epoch_batches,
                                             equal_steps_for, metrics, model_for, optimizer_for,
-                                            resume_point)
+                                            rest_of_epoch, resume_point)
 
 
 def _built(args):
@@ -49,8 +49,8 @@ def run(args, started: float) -> dict:
     @elastic
     def train(state):
         size, rank = comm.size(), comm.rank()
-        _, loader, _ = datasets_for(args, size, rank)
-        steps = equal_steps_for(loader, "train")
+        _, batches, _ = datasets_for(args, size, rank)
+        steps = equal_steps_for(batches, "train")
         epoch, done = resume_point(state.step, steps, args.epochs)
         starts.append({"step": state.step, "world_size": size, "at": time.perf_counter() - started})
         if rank == 0:
@@ -58,11 +58,12 @@ def run(args, started: float) -> dict:
                   f"{done} of its {steps} batches done)", flush=True)
         fit = dict(callbacks=[state.callback()], verbose=0 if (args.quiet or rank) else 2)
         if done:
-            state.model.fit(RestOfEpoch(loader, done, steps), epochs=epoch + 1,
+            state.model.fit(rest_of_epoch(batches, done, steps), epochs=epoch + 1,
                             initial_epoch=epoch, steps_per_epoch=steps - done, **fit)
             epoch += 1
         if epoch < args.epochs:
-            state.model.fit(loader, epochs=args.epochs, initial_epoch=epoch,
+            state.model.fit(epoch_batches(batches, steps), epochs=args.epochs,
+                            initial_epoch=epoch,
                             steps_per_epoch=steps, **fit)
 
     train(state)

@@ -25,32 +25,40 @@ def configure_threads(cpu_threads: int | None) -> int:
 
 
 def datasets_for(args, size, rank):
-    """(schema, train loader, valid loader or None) for this rank."""
+    """(schema, train batches, valid batches or None) for this rank: a ``tf.data`` pipeline
+    over the batches Merlin's ``Loader`` gives (``--input tf.data``, scalar columns), or the
+    ``Loader`` itself."""
     import merlin.models.tf as mm
     from merlin.io import Dataset
 
     from merlin_models_de.apps.synthetic import capped_schema, rank_dataset
+    from merlin_models_de.merlin.input import loader_dataset
     from merlin_models_de.schemas import load_schema, synthetic_schema
+
+    def batches(ds, **local):
+        if args.input == "tf.data" and not any(c.is_list for c in ds.schema):
+            return loader_dataset(ds, args.batch_size, **local)
+        loader = mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True)
+        # local: the rows are this rank's already (no sharding by partition, no seed broadcast)
+        return merlin_compat.take_local_rows(loader) if local else loader
 
     if args.train_dir:
         schema = load_schema(args.train_dir)
 
-        def loader(path):
+        def from_files(path):
             ds = Dataset(path, engine="parquet", schema=schema)
             if ds.npartitions < size:
                 ds = ds.repartition(npartitions=size)
-            return mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True)
+            return batches(ds)
 
-        return (schema, loader(args.train_dir),
-                loader(args.valid_dir) if args.valid_dir else None)
+        return (schema, from_files(args.train_dir),
+                from_files(args.valid_dir) if args.valid_dir else None)
     schema = capped_schema(synthetic_schema(args.dataset), args.max_table_rows)
     valid_rows = args.rows // 10 if args.valid_rows is None else args.valid_rows
 
     def local(rows, seed):
         ds = rank_dataset(schema, rows, args.batch_size, size, rank, seed)
-        # The rows are this rank's already: no sharding by partition, no seed broadcast.
-        return merlin_compat.take_local_rows(
-            mm.Loader(ds, batch_size=args.batch_size, shuffle=False, drop_last=True))
+        return batches(ds, rank=0, world_size=1)
 
     valid = local(valid_rows, args.seed + 1) if valid_rows >= args.batch_size * size else None
     return schema, local(args.rows, args.seed), valid
@@ -92,9 +100,14 @@ def metrics() -> list:
     return [tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryCrossentropy(name="logloss")]
 
 
-def equal_steps_for(loader, name) -> int:
+def batch_count(data) -> int:
+    """Batches per epoch of a Merlin ``Loader`` or of a ``tf.data`` pipeline."""
+    return int(data.cardinality()) if isinstance(data, tf.data.Dataset) else len(data)
+
+
+def equal_steps_for(data, name) -> int:
     """Steps per epoch every rank can take (ranks with more batches stop early, said aloud)."""
-    counts = comm.allgather_object(len(loader), name=f"mmde_dlrm_steps_{name}")
+    counts = comm.allgather_object(batch_count(data), name=f"mmde_dlrm_steps_{name}")
     if min(counts) < 1:
         raise ValueError(f"A rank has no full {name} batch. Batches per rank: {counts}")
     if len(set(counts)) > 1 and comm.rank() == 0:
@@ -130,6 +143,20 @@ class RestOfEpoch(tf.keras.utils.Sequence):
     def on_epoch_end(self):
         self._start = True
         self.loader.on_epoch_end()
+
+
+def epoch_batches(data, steps: int):
+    """``data`` as ``fit`` takes it for ``steps`` steps an epoch: a ``tf.data`` pipeline cut to
+    exactly ``steps`` batches (Keras then starts it over at each epoch; with more batches it
+    would go on where the last epoch stopped), a Merlin ``Loader`` as it is."""
+    return data.take(steps) if isinstance(data, tf.data.Dataset) else data
+
+
+def rest_of_epoch(data, done: int, steps: int):
+    """The batches of an epoch of ``steps`` after its first ``done``."""
+    if isinstance(data, tf.data.Dataset):
+        return data.take(steps).skip(done)
+    return RestOfEpoch(data, done, steps)
 
 
 def resume_point(step: int, steps: int, epochs: int) -> tuple[int, int]:
@@ -189,6 +216,7 @@ def run(args, started: float, callbacks=()) -> dict:
     phases["data"] = time.perf_counter() - started
     steps = equal_steps_for(train, "train")
     valid_steps = equal_steps_for(valid, "valid") if valid is not None else None
+    valid = epoch_batches(valid, valid_steps) if valid is not None else None
     # same initial weights for the same --seed (the broadcast then evens dense weights out;
     # the rank offset keeps one rank's shards from repeating another's values)
     tf.keras.utils.set_random_seed(args.seed + rank)
@@ -209,11 +237,12 @@ def run(args, started: float, callbacks=()) -> dict:
                callbacks=ours + list(callbacks),
                verbose=0)  # the command prints one line per epoch itself
     if done:  # the interrupted epoch: only the batches it had not trained yet
-        model.fit(RestOfEpoch(train, done, steps), epochs=epoch + 1, initial_epoch=epoch,
+        model.fit(rest_of_epoch(train, done, steps), epochs=epoch + 1, initial_epoch=epoch,
                   steps_per_epoch=steps - done, **fit)
         epoch += 1
     if epoch < args.epochs:
-        model.fit(train, epochs=args.epochs, initial_epoch=epoch, steps_per_epoch=steps, **fit)
+        model.fit(epoch_batches(train, steps), epochs=args.epochs, initial_epoch=epoch,
+                  steps_per_epoch=steps, **fit)
     if args.export:
         model.save(args.export)
     report = reporter.finish()

@@ -14,8 +14,9 @@ after a few warm-up calls, every rank at once (ranks start each piece together):
 - ``dense_allreduce``: one allreduce per allreduced (non-local) gradient, as Horovod's
   optimizer issues them (Horovod fuses them the same way);
 - ``validation``: the block's id checks (ids inside their tables, batch sizes);
-- ``loader``: Merlin's loader making the next batch (in ``fit`` it runs beside the step, in
-  Keras' data thread, on the same cores: not a part of ``step``);
+- ``loader``: the input (``--input``: the tf.data pipeline or Merlin's loader) making the next
+  batch (in ``fit`` it runs beside the step, in Keras' data thread, on the same cores: not a
+  part of ``step``);
 - ``call_overhead``: calling an empty ``tf.function``; subtracted from the pieces above
   (inside the step they run in one call).
 
@@ -74,17 +75,19 @@ def _timed(fn, inputs, args, tag: str) -> list[float]:
 
 
 def _batch(args, batches: int = 1):
-    """(schema, this rank's training loader, its first batch: features, targets); the
-    loader holds ``batches`` more (the ids are those of a run, only fewer rows are made)."""
+    """(schema, an iterator over this rank's training batches as the command feeds fit
+    (``--input``), its first batch: features, targets); the iterator holds ``batches`` more (the ids are those of a run, only fewer rows are made)."""
     from merlin_models_de import comm
     from merlin_models_de.apps.dlrm_run import datasets_for
 
     args.valid_rows = 0
     args.rows = args.batch_size * comm.size() * (batches + 2)
     schema, train, _ = datasets_for(args, comm.size(), comm.rank())
-    len(train)  # Merlin's loader: back to its first batch
-    x, y = next(train)
-    return schema, train, x, y
+    if hasattr(train, "on_epoch_end"):  # Merlin's loader (--input loader)
+        len(train)  # back to its first batch
+    batches = iter(train)
+    x, y = next(batches)
+    return schema, batches, x, y
 
 
 def _built(args, schema):
@@ -272,7 +275,7 @@ def markdown(title: str, b: dict) -> str:
                       f"warm samples/s), median step {ms(fit['fit_median'])} ms:", "",
                   "| part | ms / step | share of fit step |", "| --- | --- | --- |"]
         for label, key in (("train_step (timed here, as above)", "train_step"),
-                           ("Merlin loader, next batch (measured; beside the step in fit)",
+                           ("input (--input), next batch (measured; beside the step in fit)",
                             "loader"),
                            ("Keras loop, callbacks, rank skew (median fit step - train_step "
                             "- loader)", "rest"),

@@ -1,5 +1,5 @@
-"""Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance, and the
-elastic retry loop (its reset and run function)."""
+"""Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance, the
+elastic retry loop (its reset and run function), and the address its services bind."""
 from __future__ import annotations
 
 from merlin_models_de import comm
@@ -82,6 +82,8 @@ def elastic_run(func):
     and the wrapped function returns None, as if training had finished. Here every failed
     Horovod op resets."""
     ensure_supported()
+    import os
+
     import tensorflow as tf
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HorovodInternalError
@@ -95,6 +97,9 @@ def elastic_run(func):
                 raise
             raise HorovodInternalError(error) from error
 
+    # this worker's notification service (started by run_fn) listens on the job's interface
+    if os.environ.get("HOROVOD_GLOO_IFACE"):
+        bind_services_to(interface_address(os.environ["HOROVOD_GLOO_IFACE"]))
     return run_fn(wrapper, _reset)
 
 
@@ -103,3 +108,63 @@ def unwrapped(optimizer):
     configuration; Horovod subclasses the optimizer's class, so that class is its base)."""
     base = type(optimizer).__bases__[0]
     return base.from_config(optimizer.get_config())
+
+
+_FIND_PORT_USERS = ("horovod.runner.util.network", "horovod.runner.http.http_server",
+                    "horovod.runner.common.util.network")
+
+
+def bind_services_to(address: str) -> None:
+    """Makes Horovod's own servers in this process listen on ``address`` only.
+
+    Horovod 0.28.1 binds every server it starts, ``('', port)`` in ``find_port``, to all
+    interfaces whatever ``--network-interface`` says: horovodrun's rendezvous HTTP server (the
+    key-value store every rank reads and writes), its elastic driver's service, and each
+    elastic worker's notification service. Its three modules that call ``find_port`` get one
+    that binds ``address`` (the same random port search)."""
+    ensure_supported()
+    import importlib
+    import random
+
+    def find_port(server_factory):
+        first = random.randrange(1024, 65536)
+        for offset in range(65536 - 1024):
+            port = 1024 + (first - 1024 + offset) % (65536 - 1024)
+            try:
+                return server_factory((address, port)), port
+            except OSError:
+                continue
+        raise RuntimeError(f"no free port to bind on {address}")
+
+    for name in _FIND_PORT_USERS:
+        importlib.import_module(name).find_port = find_port
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address of network interface ``interface``; a clear error when it has none."""
+    import psutil  # a dependency of Horovod's launcher
+    import socket
+
+    found = psutil.net_if_addrs()
+    for entry in found.get(interface, []):
+        if entry.family == socket.AF_INET:
+            return entry.address
+    raise ValueError(f"network interface {interface!r} has no IPv4 address here (interfaces: "
+                     f"{sorted(found)}). Received: --network-interface {interface}")
+
+
+def launcher_interfaces() -> list:
+    """The interfaces horovodrun's command line in ``sys.argv`` names (``--network-interface``
+    / ``--network-interfaces``, parsed by Horovod's own parser), in its order; [] for none."""
+    ensure_supported()
+    from horovod.runner.launch import parse_args
+
+    return list(parse_args().nics or [])
+
+
+def run_launcher() -> None:
+    """horovodrun itself, on the command line in ``sys.argv``."""
+    ensure_supported()
+    from horovod.runner.launch import run_commandline
+
+    run_commandline()

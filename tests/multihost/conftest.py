@@ -23,6 +23,8 @@ SCRIPT = str(ROOT / "scripts" / "netns_hosts.sh")
 HOSTS = 3
 IFACE = "mmde0"
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+# horovodrun whose servers listen on --network-interface only (the jobs' launcher)
+LAUNCH = [sys.executable, "-m", "merlin_models_de.apps.launch"]
 
 
 def netns(*args, timeout=60, check=True):
@@ -52,14 +54,15 @@ def hosts():
 
 
 class Job:
-    """A horovodrun job started in h1 (Popen), its output collected in a file (no
+    """A job started in h1 by horovodrun (through merlin_models_de.apps.launch: its servers
+    bound to the hosts' interface) (Popen), its output collected in a file (no
     ``hosts_arg``: an elastic job, its hosts from ``--host-discovery-script`` in ``extra``)."""
 
-    def __init__(self, hosts_arg, np, argv, log, timeout, extra=(), env=None):
+    def __init__(self, hosts_arg, np, argv, log, timeout, extra=(), env=None, iface=IFACE):
         self.log_path, self.timeout = log, timeout
         cmd = ["bash", SCRIPT, "run", "h1", "timeout", "--kill-after=10", str(timeout),
-               HOROVODRUN, "--gloo", "-np", str(np), *(["-H", hosts_arg] if hosts_arg else []),
-               "--network-interface", IFACE, *extra, sys.executable, *argv]
+               *LAUNCH, "--gloo", "-np", str(np), *(["-H", hosts_arg] if hosts_arg else []),
+               "--network-interface", iface, *extra, sys.executable, *argv]
         self.log = open(log, "w", encoding="utf-8")
         self.start = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,

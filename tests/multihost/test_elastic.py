@@ -5,6 +5,7 @@ Oracle: one process restored from the same commit and fed the same global batche
 same losses and the same final tables and dense weights."""
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -37,6 +38,9 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
               str(tmp_path / "job.log"), timeout=500, extra=elastic)
     try:
         job.wait_for((tmp_path / "ready").exists, "step 6")
+        # the launcher's rendezvous and driver, and each worker's notification service,
+        # listen on the hosts' interface only
+        listening = {h: netns("run", h, "ss", "-ltnp").stdout for h in ("h1", "h2")}
         listed.write_text("h1:1\n")
         netns("kill", "h2")
         t0 = time.monotonic()
@@ -47,6 +51,10 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
             job.proc.kill()
         assert netns("up", "3").returncode == 0
     assert job.code == 0, job.output[-5000:]
+    for host, table in listening.items():
+        wildcard = [l for l in table.splitlines()[1:] if re.search(r"\s(0\.0\.0\.0|\*|\[::\]):\d+\s", l)]
+        assert wildcard == [], (host, table)
+        assert "python" in table, (host, table)  # the services are there, bound
     got = dict(np.load(tmp_path / "elastic.npz"))
     starts = json.loads(str(got["starts"]))
     commits = json.loads(str(got["commits"]))

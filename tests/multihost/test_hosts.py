@@ -34,6 +34,20 @@ def test_ranks_start_over_ssh_on_their_own_hosts(hosts, tmp_path):
         [l for l in h1 if l[2] == "horovodrun"], (h1, h2)
 
 
+def test_the_launcher_binds_every_server_to_the_interface_given(hosts):
+    """python -m merlin_models_de.apps.launch: horovodrun's rendezvous server listens on h1's
+    mmde0 address, and nothing of the job listens on every interface."""
+    run = subprocess.run(["bash", SCRIPT, "run", "h1", "timeout", "120", sys.executable, "-m",
+                          "merlin_models_de.apps.launch", "--gloo", "-np", "2", "-H",
+                          "h1:1,h2:1", "--network-interface", IFACE, "bash", "-c", SHOW],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    h1 = _listeners("\n".join(l for l in run.stdout.splitlines() if l.startswith("[0]")))
+    h2 = _listeners("\n".join(l for l in run.stdout.splitlines() if l.startswith("[1]")))
+    assert [l for l in h1 + h2 if l[0] in ("0.0.0.0", "*", "[::]")] == [], (h1, h2)
+    assert [l for l in h1 if l[0] == "10.231.7.1" and l[2].startswith("python")], h1
+
+
 def test_nothing_listens_or_routes_outside_the_namespaces(hosts):
     outside = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
     assert "sshd" not in outside, outside

@@ -15,6 +15,7 @@ import collections
 import glob
 import json
 import os
+import re
 import sys
 
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
@@ -40,15 +41,15 @@ def load(out, tag):
     """``{rank label: {node id: record}}``; the call record wins over setup/teardown ones."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(out, f"{tag}*.results.jsonl"))):
-        label = path[len(os.path.join(out, tag)):-len(".results.jsonl")].lstrip(".") or "-"
-        recs = {}
+        label = path[len(os.path.join(out, tag)):-len(".results.jsonl")].lstrip(".")
+        label = re.sub(r"\.?gw\d+$", "", label) or "-"  # pytest-xdist workers: one run
+        recs = runs.setdefault(label, {})
         with open(path) as f:
             for line in f:
                 rec = json.loads(line)
                 prev = recs.get(rec["test"])
                 if prev is None or prev["outcome"] in ("passed", "xfailed", "xpassed", "skipped"):
                     recs[rec["test"]] = rec
-        runs[label] = recs
     return runs
 
 

@@ -6,9 +6,10 @@ Settings (environment):
   MMDE_SWAP=on|off      on (default): every ``Embeddings(...)`` a test or Merlin makes becomes
                         ``mm.DistributedEmbeddings(...)`` with the same arguments; off: Merlin's
                         own block (a baseline run of the same selection).
-  MMDE_OUT=DIR          per-process records (required): <tag>[.rankR].results.jsonl, one line
-                        per test (outcome, duration, blocks built, first line of the error), and
-                        <tag>[.rankR].current, the test running now (read when a run times out).
+  MMDE_OUT=DIR          per-process records (required): <tag>[.rankR][.gwK].results.jsonl, one
+                        line per test (outcome, duration, blocks built, first line of the error),
+                        and <tag>[.rankR][.gwK].current, the test running now (read when a run
+                        times out); gwK: pytest-xdist's worker K (counts.py merges workers).
   MMDE_TAG=NAME         file name stem of the records (default "peer").
   MMDE_XFAIL=FILE       expected failures, ``node id | strict|nonstrict | reason`` a line.
   MMDE_TEST_TIMEOUT=S   a test running longer than S seconds (default 300) prints "rank R stuck
@@ -39,7 +40,9 @@ RANK = os.environ.get("HOROVOD_RANK", "")
 OUT = os.environ.get("MMDE_OUT")
 if not OUT:
     raise SystemExit("mmde_swap: set MMDE_OUT to the directory for the per-test records")
-STEM = os.path.join(OUT, os.environ.get("MMDE_TAG", "peer") + (f".rank{RANK}" if RANK else ""))
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # pytest -n N: records per worker (gwK)
+STEM = os.path.join(OUT, os.environ.get("MMDE_TAG", "peer") + (f".rank{RANK}" if RANK else "")
+                    + (f".{WORKER}" if WORKER else ""))
 RESULTS, CURRENT = STEM + ".results.jsonl", STEM + ".current"
 TEST_TIMEOUT = float(os.environ.get("MMDE_TEST_TIMEOUT", "300"))
 os.makedirs(OUT, exist_ok=True)
@@ -167,9 +170,16 @@ def _watchdog(item, done):
     os._exit(3)
 
 
+_controller = {"xdist": False}  # pytest -n N's controller: its workers keep the records
+
+
+def pytest_configure(config):
+    _controller["xdist"] = not WORKER and bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_runtest_logreport(report):
     """One record per test: the call's outcome, or a setup/teardown problem."""
-    if report.when != "call" and report.passed:
+    if _controller["xdist"] or (report.when != "call" and report.passed):
         return
     if hasattr(report, "wasxfail"):
         outcome = "xfailed" if report.skipped else "xpassed"

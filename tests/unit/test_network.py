@@ -4,7 +4,8 @@ The project's launchers (ci/test.sh, ci/main.sh, the bench, the DLRM tests) pass
 ``--network-interface lo`` for local ranks: Gloo listens and connects on 127.0.0.1 and the
 ranks reach the driver at 127.0.0.1. Horovod 0.28's rendezvous HTTP server always binds
 0.0.0.0 (``find_port`` binds ``('', port)``; no option or variable changes it) for as long
-as the job runs; the live test measures both.
+as the job runs, unless the job is started by ``python -m merlin_models_de.apps.launch``
+(horovodrun with its servers bound to the interface given); the live test measures both.
 """
 import os
 import pathlib
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from merlin_models_de.apps.bench import horovodrun
 
@@ -93,7 +96,8 @@ def _watch(proc, seen, stop):
         sockets = _tcp_sockets()
         for pid in _tree(proc.pid):
             try:
-                name = open(f"/proc/{pid}/comm", encoding="utf-8").read().strip()
+                name = ("launcher" if pid == proc.pid else
+                        open(f"/proc/{pid}/comm", encoding="utf-8").read().strip())
             except OSError:
                 continue
             for inode in _socket_inodes(pid) & set(sockets):
@@ -101,8 +105,12 @@ def _watch(proc, seen, stop):
         time.sleep(0.005)  # a rank's Gloo listener lives only while the ranks connect
 
 
-def test_local_job_listens_on_loopback_except_horovods_rendezvous():
-    cmd = [HOROVODRUN] + horovodrun(2, [sys.executable, "-c", JOB])[1:]
+@pytest.mark.parametrize("launcher", ["horovodrun", "merlin_models_de.apps.launch"])
+def test_local_job_listens_on_loopback(launcher):
+    """Gloo's ranks stay on loopback either way; horovodrun's rendezvous server listens on
+    every interface, this package's launcher binds it to the interface given."""
+    args = horovodrun(2, [sys.executable, "-c", JOB])[1:]
+    cmd = ([HOROVODRUN] if launcher == "horovodrun" else [sys.executable, "-m", launcher]) + args
     seen, stop = set(), threading.Event()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONWARNINGS="ignore",
@@ -116,11 +124,13 @@ def test_local_job_listens_on_loopback_except_horovods_rendezvous():
         proc.kill()
     watcher.join()
     assert proc.returncode == 0, output[-3000:]
-    ranks = {s for s in seen if s[0] != "horovodrun"}
-    launcher = {s for s in seen if s[0] == "horovodrun"}
+    ranks = {s for s in seen if s[0] != "launcher"}
+    launched = {s for s in seen if s[0] == "launcher"}
     # Gloo: every rank's listening socket and connection stays on loopback
     assert any(state == "LISTEN" for _, state, _, _ in ranks), seen
     assert {local for _, _, local, _ in ranks} == {"127.0.0.1"}, seen
     assert {remote for _, state, _, remote in ranks if state == "ESTABLISHED"} <= {"127.0.0.1"}
-    # horovodrun: the rendezvous server on every interface (Horovod offers no bind option)
-    assert {local for _, state, local, _ in launcher if state == "LISTEN"} == {"0.0.0.0"}, seen
+    # the rendezvous server: every interface with horovodrun (no bind option), lo's address
+    # with the launcher
+    listening = {local for _, state, local, _ in launched if state == "LISTEN"}
+    assert listening == ({"0.0.0.0"} if launcher == "horovodrun" else {"127.0.0.1"}), seen

@@ -29,11 +29,12 @@ def reference(spec, data, tmp):
 LAYOUTS = {"table_wise": dict(strategy="basic"), "row_sliced": dict(strategy="basic", row=300)}
 
 
+# every value of every parameter in 4 runs (each ~40-80 s of CI time); the eager vocab-parallel
+# step is also checked on 2 ranks by test_vocab_parallel.py, and the output against Merlin's
+# in graph and eager mode, with and without bias, by tests/unit/test_tied_output.py
 @pytest.mark.parametrize("layout, optimizer, eager, plain, bias", [
-    ("table_wise", "sgd", False, False, False), ("row_sliced", "adagrad", False, False, False),
-    ("row_sliced", "sgd", True, False, False), ("table_wise", "adagrad", True, False, False),
-    ("row_sliced", "adagrad", False, True, False), ("table_wise", "sgd", True, True, False),
-    ("row_sliced", "adagrad", False, False, True), ("table_wise", "sgd", True, False, True)])
+    ("table_wise", "sgd", False, False, False), ("row_sliced", "adagrad", False, True, False),
+    ("table_wise", "sgd", True, True, False), ("row_sliced", "adagrad", False, False, True)])
 def test_fit_with_a_sharded_tied_output_equals_one_process(hvd, tmp_path_factory, layout,
                                                            optimizer, eager, plain, bias):
     """``plain``: Merlin's own ``mm.CategoricalOutput(to_call=block["item"])``; ``bias``: a
