@@ -60,7 +60,8 @@ run_stage "multi-host tests (namespace hosts over ssh)" \
 bash scripts/netns_hosts.sh down >/dev/null 2>&1 || true
 
 # Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,
-# one process and horovodrun -np 2 (about 8 minutes; ci/peer.sh, tests/peer/).
+# one process on 2 pytest workers and horovodrun -np 2 (24 minutes measured before the
+# workers; ci/peer.sh, tests/peer/).
 run_stage "peer: Merlin Models tests with the swap" bash ci/peer.sh
 
 if [[ $STATUS -eq 0 ]]; then echo "[test] ALL STAGES PASSED"; else echo "[test] SOME STAGES FAILED"; fi
