@@ -156,9 +156,7 @@ class MerlinHooks:
                 return original(model, optimizer, *args, **kwargs)
         return original(model, optimizer, *args, **kwargs)
 
-    @staticmethod
-    def rank_loader(method, data, batch_size, shuffle, loader_kwargs):
-        return rank_loader(method, data, batch_size, shuffle, loader_kwargs)
+    rank_loader = staticmethod(rank_loader)  # a Merlin Dataset given to fit / evaluate / predict
 
     @staticmethod
     def check_batches(model, method, data, steps):
