@@ -11,6 +11,7 @@ import stat
 import time
 
 import numpy as np
+import pytest
 
 from tests.multihost.conftest import Job, netns
 from tests.multihost.jobs.elastic_job import G, STEPS, build_for
@@ -82,6 +83,7 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.full  # the state object under fit: the test above
 def test_the_dlrm_command_goes_on_after_a_lost_host(hosts, tmp_path):
     listed, elastic = _discovery(tmp_path, ["h1", "h2"])
     ckpt = tmp_path / "ckpt"

@@ -13,7 +13,8 @@ BOUND = 60  # hang guard (seconds from the fault to the end of horovodrun); meas
 # (kill) and 15 s (cut)
 
 
-@pytest.mark.parametrize("fault", ["kill", "cut"])
+@pytest.mark.parametrize("fault", [  # a killed rank on one host: tests/unit/test_fault.py
+    pytest.param("kill", marks=pytest.mark.full), "cut"])
 def test_a_host_lost_mid_training_ends_the_job_and_the_checkpoint_restores(hosts, tmp_path,
                                                                             fault):
     from merlin_models_de.persistence.checkpoint import latest_checkpoint, restore_checkpoint

@@ -58,7 +58,8 @@ def two_by_one(hosts, tmp_path_factory):
     return (tmp, *_fit_job(tmp, "h1:1,h2:1", 2))
 
 
-@pytest.mark.parametrize("hosts_arg, ranks", [("h1:1,h2:1", 2), ("h1:2,h2:2", 4)])
+@pytest.mark.parametrize("hosts_arg, ranks", [
+    ("h1:1,h2:1", 2), pytest.param("h1:2,h2:2", 4, marks=pytest.mark.full)])  # 4: ~100 s
 def test_fit_on_two_hosts_equals_one_process(hosts, request, tmp_path, hosts_arg, ranks):
     if ranks == 2:
         tmp_path, _, _, ref = request.getfixturevalue("two_by_one")
@@ -108,6 +109,7 @@ NEXT_ITEM = ["-m", "merlin_models_de.apps.next_item", "--items", "2000", "--dim"
              "16", "--sessions", "1024", "--valid-sessions", "256", "--epochs", "1", "--quiet"]
 
 
+@pytest.mark.full  # ~2 min: two runs of the command
 def test_the_next_item_command_on_two_hosts_equals_two_ranks_on_one_host(hosts, tmp_path):
     """The next-item command (item table row-sliced over the ranks, vocab-parallel softmax) on
     2 hosts x 1 rank ends exactly where 2 ranks on one host do: the same losses and top-k

@@ -21,15 +21,3 @@ def synthetic_schema():
         return cache[name]
 
     return get
-
-
-_TIMES = os.environ.get("MMDE_TEST_TIMES")
-
-
-def pytest_runtest_logreport(report):
-    """``MMDE_TEST_TIMES=path``: appends each test phase's seconds as it ends (with the rank
-    under horovodrun), so a run cut short by its timeout still shows where the time went."""
-    if _TIMES:
-        with open(_TIMES, "a", encoding="utf-8") as out:
-            out.write(f"{report.duration:8.2f} r{os.environ.get('HOROVOD_RANK', '-')} "
-                      f"{report.when} {report.nodeid}\n")

@@ -28,7 +28,8 @@ def copy_tables(reference, block):
     return arrays
 
 
-@pytest.mark.parametrize("dataset", ["criteo", "aliccp-raw", "music-streaming", "sequence-testing"])
+@pytest.mark.parametrize("dataset", [pytest.param("criteo", marks=pytest.mark.full), "aliccp-raw",
+                                     "music-streaming", "sequence-testing"])
 def test_outputs_equal_mm_embeddings(dataset, synthetic_schema):
     schema, features = first_batch(dataset, synthetic_schema)
     cats = schema.select_by_tag(Tags.CATEGORICAL).excluding_by_tag(Tags.TARGET)

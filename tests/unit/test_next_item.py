@@ -118,6 +118,7 @@ def test_sessions_do_not_depend_on_world_size():
     assert counts[:10].sum() / counts.sum() > 0.2
 
 
+@pytest.mark.full  # 2 ranks row-sharding the item table: also the sampled-loss run below
 def test_two_ranks_shard_the_item_table_by_rows(tmp_path):
     path = str(tmp_path / "r.json")
     run = _run([*TINY, "--batch-size", "64", "--report", path], ranks=2, timeout=400)
@@ -320,6 +321,7 @@ def parquet_sessions(tmp_path_factory):
 PARQUET = ["--dim", "8", "--mlp", "16", "--epochs", "1", "--quiet"]
 
 
+@pytest.mark.full  # the one-process report: also test_a_run_resumes_from_its_checkpoint...
 def test_parquet_sessions_train_in_one_process(parquet_sessions, tmp_path):
     train, valid = parquet_sessions
     path = str(tmp_path / "r.json")

@@ -136,7 +136,11 @@ def test_smallest_world_size_is_the_smallest_that_fits_and_is_bounded(synthetic_
     assert none.world_size is None and "cannot be cut below" in none.reason
 
 
-def test_malformed_or_unreadable_schema_file_is_named(tmp_path):
+def test_malformed_or_unreadable_schema_file_is_named(tmp_path, capsys):
+    """The first case as a command (one line on stderr, nothing else); the others call the
+    command's main in this process (a subprocess costs ~9 s of imports each)."""
+    from merlin_models_de.apps.plan import main
+
     bad = tmp_path / "schema.pbtxt"
     bad.write_text("feature { name: \"x\" type: \n")  # cut short
     binary = tmp_path / "binary.pbtxt"
@@ -145,12 +149,15 @@ def test_malformed_or_unreadable_schema_file_is_named(tmp_path):
     broken_json.write_text('{"feature": [')
     empty = tmp_path / "empty.pbtxt"
     empty.write_text("")
-    for source, named in ((str(bad), str(bad)), (str(tmp_path), str(bad)),
-                          (str(binary), str(binary)), (str(broken_json), str(broken_json)),
-                          (str(empty), str(empty))):
-        out = run(source)
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    out = run(str(bad))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert f"Received: schema={str(bad)!r}" in lines[0], lines
+    for source, named in ((str(tmp_path), str(bad)), (str(binary), str(binary)),
+                          (str(broken_json), str(broken_json)), (str(empty), str(empty))):
+        code = main([source])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (source, lines)
         assert f"Received: schema={named!r}" in lines[0], lines
 
 

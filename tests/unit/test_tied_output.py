@@ -141,6 +141,7 @@ def test_sample_weights_weigh_the_vocab_parallel_loss_as_merlins():
                                atol=1e-6)
 
 
+@pytest.mark.full  # the sharded twin: horovod/test_tied_output.py
 def test_a_saved_model_with_the_tied_output_reloads_onto_its_own_table(tmp_path):
     """The output's config names the table; loading binds it to the loaded model's block,
     not to the (still alive) original's."""

@@ -79,7 +79,8 @@ def assert_same_checkpoint_contents(a, b):
                                            err_msg=f"{table}/{what}")
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "keras_adagrad"])  # slots of 2 kinds, 2 APIs
+@pytest.mark.parametrize("optimizer", [  # slots of 2 kinds, 2 APIs
+    "adam", pytest.param("keras_adagrad", marks=pytest.mark.full)])
 def test_resume_equals_an_uninterrupted_run(hvd, tmp_path_factory, optimizer):
     spec = spec_for("memory_balanced", column=4000, optimizer=optimizer)
     data = comm.broadcast_object(fc.make_data(4 * comm.size() * PER_RANK, seed=5))

@@ -63,7 +63,8 @@ DE = pytest.mark.skipif(not is_importable("distributed-embeddings"),
 # (adam with memory_optimized left to test_checkpoint's resume oracle and the block-level
 # oracles of test_oracle.py: each fit oracle here costs about a minute of CI)
 @pytest.mark.parametrize("optimizer, strategy, column, backend", [
-    ("sgd", "basic", None, "horovod"), ("adagrad", "memory_balanced", 4000, "horovod"),
+    pytest.param("sgd", "basic", None, "horovod", marks=pytest.mark.full),
+    ("adagrad", "memory_balanced", 4000, "horovod"),
     pytest.param("adagrad", "memory_optimized", 4000, "distributed-embeddings", marks=DE),
     pytest.param("adam", "basic", None, "distributed-embeddings", marks=DE)])
 def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer, strategy, column,

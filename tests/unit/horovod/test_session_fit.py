@@ -28,12 +28,14 @@ TABLE, ROW, COLUMN = ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingTyp
 
 
 @pytest.mark.parametrize("optimizer, strategy, row, column, kinds", [
-    ("sgd", "basic", None, None, dict(item_seq=TABLE, user=TABLE)),
+    pytest.param("sgd", "basic", None, None, dict(item_seq=TABLE, user=TABLE),
+                 marks=pytest.mark.full),
     # the item table (2400 elements) row-sliced over the ranks; the planner then cuts the
     # one table left (fewer tables than ranks) into column slices
     ("adagrad", "memory_balanced", 1000, None, dict(item_seq=ROW, user=COLUMN)),
     # the item table in column slices, the user table (320 elements) whole
-    ("adagrad", "basic", None, 1000, dict(item_seq=COLUMN, user=TABLE)),
+    pytest.param("adagrad", "basic", None, 1000, dict(item_seq=COLUMN, user=TABLE),
+                 marks=pytest.mark.full),
 ])
 def test_session_model_fit_matches_one_process(hvd, tmp_path_factory, optimizer, strategy,
                                                 row, column, kinds):
@@ -77,7 +79,8 @@ def test_session_model_fit_matches_one_process(hvd, tmp_path_factory, optimizer,
 
 
 @pytest.mark.parametrize("optimizer, row, column, eager, kind", [
-    ("sgd", None, 10**6, False, TABLE),  # the item table whole on one rank (no column slices)
+    # the item table whole on one rank (no column slices)
+    pytest.param("sgd", None, 10**6, False, TABLE, marks=pytest.mark.full),
     ("adagrad", 1000, None, False, ROW),  # the item table row-sliced
     ("adagrad", 1000, None, True, ROW),
 ])

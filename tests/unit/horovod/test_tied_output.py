@@ -33,7 +33,8 @@ LAYOUTS = {"table_wise": dict(strategy="basic"), "row_sliced": dict(strategy="ba
 # step is also checked on 2 ranks by test_vocab_parallel.py, and the output against Merlin's
 # in graph and eager mode, with and without bias, by tests/unit/test_tied_output.py
 @pytest.mark.parametrize("layout, optimizer, eager, plain, bias", [
-    ("table_wise", "sgd", False, False, False), ("row_sliced", "adagrad", False, True, False),
+    pytest.param("table_wise", "sgd", False, False, False, marks=pytest.mark.full),
+    pytest.param("row_sliced", "adagrad", False, True, False, marks=pytest.mark.full),
     ("table_wise", "sgd", True, True, False), ("row_sliced", "adagrad", False, False, True)])
 def test_fit_with_a_sharded_tied_output_equals_one_process(hvd, tmp_path_factory, layout,
                                                            optimizer, eager, plain, bias):
@@ -124,7 +125,8 @@ def test_a_column_sliced_item_table_is_refused_on_every_rank(hvd):
 
 
 @pytest.mark.parametrize("layout, optimizer, eager", [
-    ("row_sliced", "sgd", False), ("table_wise", "adagrad", True)])
+    pytest.param("row_sliced", "sgd", False, marks=pytest.mark.full),
+    ("table_wise", "adagrad", True)])
 def test_contrastive_with_global_in_batch_negatives_equals_one_process(
         hvd, tmp_path_factory, layout, optimizer, eager):
     """``mm.ContrastiveOutput(to_call=block["item"])`` with GlobalInBatchSampler: each query
@@ -159,7 +161,7 @@ def test_contrastive_with_global_in_batch_negatives_equals_one_process(
     assert not np.allclose(local, ref["losses"], rtol=1e-3)
 
 
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias", [pytest.param(False, marks=pytest.mark.full), True])
 def test_a_saved_model_with_the_sharded_tied_output_reloads_and_scores_the_same(
         hvd, tmp_path_factory, bias):
     """model.save on every rank (rank 0 writes the single-process SavedModel), then
