@@ -30,8 +30,8 @@ _TIMES = os.environ.get("MMDE_TEST_TIMES")
 
 def pytest_runtest_logreport(report):
     """``MMDE_TEST_TIMES=path``: appends each test phase's seconds as it ends, with the rank
-    under horovodrun and the pytest-xdist worker, so a run cut short by its timeout still shows
-    where the time went. Written by the process that ran the test only (xdist's controller
+    under horovodrun, the pytest-xdist worker, the clock and the outcome, so a run cut short by
+    its timeout still shows where the time went. Written by the process that ran the test only (xdist's controller
     receives every report again)."""
     if not _TIMES or hasattr(report, "node"):
         return
@@ -40,4 +40,4 @@ def pytest_runtest_logreport(report):
     who = f"r{os.environ.get('HOROVOD_RANK', '-')}/{os.environ.get('PYTEST_XDIST_WORKER', '-')}"
     with open(_TIMES, "a", encoding="utf-8") as out:
         out.write(f"{report.duration:8.2f} {who} {report.when} {report.nodeid} "
-                  f"{time.strftime('%H:%M:%S')}\n")
+                  f"{time.strftime('%H:%M:%S')} {report.outcome}\n")

@@ -18,7 +18,9 @@ and peak resident memory (the largest over repeats). For the first ``horovod/<st
 of each optimizer, :mod:`merlin_models_de.apps.step_breakdown` then times the pieces of one
 step (compute, id exchange, row exchange forward / backward, dense allreduce, id
 validation) against the step's time. Output: markdown tables on stdout and in
-``<out>/bench.md``, everything (every repeat, every piece) in ``<out>/bench.json``.
+``<out>/bench.md``, everything (every repeat, every piece) in ``<out>/bench.json``, a plot of
+samples/s and peak memory per rank in ``<out>/bench.png`` (with the capacity curve when
+``python -m merlin_models_de.apps.capacity --out <out>`` ran first).
 
 Example:
     python -m merlin_models_de.apps.bench --np 2 --optimizers sgd,adagrad --out bench/
@@ -37,6 +39,7 @@ from merlin_models_de.apps import step_breakdown
 from merlin_models_de.apps.cli import INPUTS
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
+from merlin_models_de.apps.plots import bench_png
 from merlin_models_de.backends.registry import AUTO, BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES
 from merlin_models_de.tables import human_bytes
@@ -315,7 +318,18 @@ def main(argv=None) -> int:
         "config": vars(args), "rows": list(rows.values()), "breakdown": breakdowns,
         "failed": failed,
         "command": "python -m merlin_models_de.apps.bench " + " ".join(argv or sys.argv[1:])})
+    print(bench_png(list(rows.values()), os.path.join(args.out, "bench.png"),
+                    _capacity_rows(args.out)))
     return 1 if failed else 0
+
+
+def _capacity_rows(out: str) -> list[dict] | None:
+    """The rows of a capacity search written to the same directory, if one ran there."""
+    path = os.path.join(out, "capacity.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["rows"]
 
 if __name__ == "__main__":
     sys.exit(main())

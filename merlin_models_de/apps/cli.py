@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.comm import launch_env
@@ -50,13 +51,44 @@ def world() -> tuple[int, int, int]:
     return launch_env()
 
 
+# How long a rank that stays silent about a problem waits before it exits (below)
+RANK_0_GRACE_SECONDS = 5.0
+
+
+def let_rank_0_speak() -> None:
+    """A rank other than 0 that stops on a problem rank 0 reports waits a moment first:
+    horovodrun ends the whole job at the first rank's exit, which can cut rank 0 off before
+    its line is out (seen on a loaded machine: no error line at all)."""
+    size, rank, _ = world()
+    if size > 1 and rank != 0:
+        time.sleep(RANK_0_GRACE_SECONDS)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Bad options: one line on stderr (rank 0 only under horovodrun), exit status 2."""
 
     def error(self, message):
         if world()[1] == 0:
             sys.stderr.write(f"{self.prog}: error: {message}\n")
+        let_rank_0_speak()
         sys.exit(2)
+
+
+def add_elastic_option(group) -> None:
+    """``--elastic``, the same in the DLRM and next-item commands."""
+    group.add_argument("--elastic", action="store_true",
+                       help="Horovod elastic (horovodrun --min-np/--max-np/--host-discovery-"
+                            "script): commit every --checkpoint-every steps, go on after a "
+                            "lost host (docs/multihost.md)")
+
+
+def elastic_problem(args) -> str | None:
+    """``--elastic`` without the commits it needs, as one line, or None."""
+    if args.elastic and not (args.checkpoint_dir and args.checkpoint_every):
+        return ("--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
+                f"Received: --checkpoint-dir={args.checkpoint_dir!r} "
+                f"--checkpoint-every={args.checkpoint_every}")
+    return None
 
 
 def dataset_dir_problem(flag: str, path: str | None) -> str | None:
@@ -111,7 +143,8 @@ def report_problem(problem: str, host_dependent: bool) -> None:
         print(f"error: {problem}", file=sys.stderr)
     elif host_dependent and os.environ.get("HOROVOD_LOCAL_RANK", "0") == "0":
         host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-        print(f"error (rank {rank}, host {host}): {problem}", file=sys.stderr)
+        print(f"error (rank {rank}, host {host}): {problem}", file=sys.stderr, flush=True)
+    let_rank_0_speak()
 
 
 def checked_arguments(option_parser, argv, check_options, check_host):

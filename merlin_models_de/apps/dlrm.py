@@ -26,8 +26,9 @@ import math
 import sys
 import time
 
-from merlin_models_de.apps.cli import (EMBEDDINGS, INPUTS, OneLineParser, checked_arguments,
-                                       dataset_dir_problem, ints, parquet_files_problem, world)
+from merlin_models_de.apps.cli import (EMBEDDINGS, INPUTS, OneLineParser, add_elastic_option,
+                                       checked_arguments, dataset_dir_problem, elastic_problem,
+                                       ints, parquet_files_problem, world)
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.backends.wire import EXCHANGE_DTYPES
@@ -48,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--dataset", default="criteo", help="Merlin synthetic schema to imitate")
     data.add_argument("--max-table-rows", type=int, default=None,
                       help="cap every synthetic table at this many rows (quick runs)")
+    data.add_argument("--table-scale", type=float, default=1.0,
+                      help="every synthetic table's rows times this (bigger models)")
     data.add_argument("--seed", type=int, default=0, help="seed of the data and initial weights")
     data.add_argument("--train-dir", default=None, help="parquet files + Merlin schema")
     data.add_argument("--valid-dir", default=None)
@@ -90,10 +93,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--quiet", action="store_true",
                      help="accepted for older scripts: Keras' own epoch lines are off, "
                           "the command prints one line per epoch")
-    out.add_argument("--elastic", action="store_true",
-                     help="Horovod elastic (horovodrun --min-np/--max-np/--host-discovery-"
-                          "script): commit every --checkpoint-every steps, go on after a lost "
-                          "host (docs/multihost.md)")
+    add_elastic_option(out)
     return ap
 
 
@@ -112,14 +112,15 @@ def check_options(args) -> str | None:
     lr = args.learning_rate
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         return f"--learning-rate must be a finite number > 0. Received: --learning-rate={lr}"
+    if not (math.isfinite(args.table_scale) and args.table_scale > 0):
+        return ("--table-scale must be a finite number > 0. "
+                f"Received: --table-scale={args.table_scale}")
     for flag in ("checkpoint_every", "checkpoint_keep"):
         if getattr(args, flag) is not None and not args.checkpoint_dir:
             name = "--" + flag.replace("_", "-")
             return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
-    if args.elastic and not (args.checkpoint_dir and args.checkpoint_every):
-        return ("--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
-                f"Received: --checkpoint-dir={args.checkpoint_dir!r} "
-                f"--checkpoint-every={args.checkpoint_every}")
+    if elastic_problem(args):
+        return elastic_problem(args)
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
     if not args.train_dir:

@@ -53,7 +53,7 @@ def datasets_for(args, size, rank):
 
         return (schema, from_files(args.train_dir),
                 from_files(args.valid_dir) if args.valid_dir else None)
-    schema = capped_schema(synthetic_schema(args.dataset), args.max_table_rows)
+    schema = capped_schema(synthetic_schema(args.dataset), args.max_table_rows, args.table_scale)
     valid_rows = args.rows // 10 if args.valid_rows is None else args.valid_rows
 
     def local(rows, seed):

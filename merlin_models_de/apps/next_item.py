@@ -23,6 +23,8 @@ output's own evaluate, the target ranked among the global batch's items), and ev
 embedding bytes and peak resident memory; a JSON report goes to ``--report``.
 ``--checkpoint-dir`` saves each epoch (and every ``--checkpoint-every`` steps); a run started
 with a checkpoint there resumes from it (the DLRM command's restore, mid-epoch included).
+``--elastic`` (with ``--checkpoint-dir`` and ``--checkpoint-every``) trains under Horovod
+elastic as the DLRM command does: a lost host costs the steps since the last commit.
 
 Examples:
     horovodrun -np 2 -H localhost:2 python -m merlin_models_de.apps.next_item --epochs 2
@@ -44,10 +46,11 @@ import sys
 import time
 
 from merlin_models_de.apps.defaults import OPTIMIZERS
-from merlin_models_de.apps.next_item_data import ITEM
-from merlin_models_de.apps.cli import (EMBEDDINGS, SLOTS, OneLineParser, checked_arguments,
-                                       dataset_dir_problem, ints, memory_problem,
-                                       parquet_files_problem, report_problem, world)
+from merlin_models_de.apps.next_item_data import ITEM, row_slice_threshold
+from merlin_models_de.apps.cli import (EMBEDDINGS, SLOTS, OneLineParser, add_elastic_option,
+                                       checked_arguments, dataset_dir_problem, elastic_problem,
+                                       ints, memory_problem, parquet_files_problem,
+                                       report_problem, world)
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
 
@@ -117,16 +120,8 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--quiet", action="store_true",
                      help="accepted for older scripts: Keras' own epoch lines are off, "
                           "the command prints one line per epoch")
+    add_elastic_option(out)
     return ap
-
-
-def row_slice_threshold(args, size: int) -> int | None:
-    """The block's ``row_slice_threshold``: the option, else the item table's elements on
-    more than one rank (the table row-sliced), else None (also while the catalog is not
-    known yet: a parquet dataset's comes from its schema)."""
-    if args.row_slice_threshold is not None:
-        return args.row_slice_threshold
-    return args.items * args.dim if size > 1 and args.items else None
 
 
 def data_problem(args, size: int) -> str | None:
@@ -187,6 +182,8 @@ def check_options(args) -> str | None:
     lr = args.learning_rate
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         return f"--learning-rate must be a finite number > 0. Received: --learning-rate={lr}"
+    if elastic_problem(args):
+        return elastic_problem(args)
     if args.encoder == "transformer" and (args.hidden or args.dim) % args.heads:
         return (f"--heads must divide the transformer width {args.hidden or args.dim}. "
                 f"Received: --heads={args.heads}")
@@ -255,8 +252,11 @@ def main(argv=None) -> int:
     if problem:  # every rank reads the same schema files: every rank stops here
         report_problem(problem, host_dependent=True)
         return 2
-    args.row_slice_threshold = row_slice_threshold(args, world()[0])  # the run's, resolved
-    from merlin_models_de.apps.next_item_run import run
+    if args.elastic:  # the world size changes: the item table's placement is re-planned
+        from merlin_models_de.apps.next_item_elastic import run
+    else:
+        args.row_slice_threshold = row_slice_threshold(args, world()[0])  # the run's, resolved
+        from merlin_models_de.apps.next_item_run import run
 
     report = run(args, STARTED)
     return 0 if report else 1

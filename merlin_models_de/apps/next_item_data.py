@@ -129,3 +129,12 @@ def item_model_schema(schema, name: str):
 
     column = schema[name]
     return Schema([column.with_tags([Tags.CATEGORICAL, Tags.SEQUENCE])])
+
+
+def row_slice_threshold(args, size: int) -> int | None:
+    """The block's ``row_slice_threshold``: the option, else the item table's elements on
+    more than one rank (the table row-sliced), else None (also while the catalog is not
+    known yet: a parquet dataset's comes from its schema)."""
+    if args.row_slice_threshold is not None:
+        return args.row_slice_threshold
+    return args.items * args.dim if size > 1 and args.items else None

@@ -61,7 +61,7 @@ def sessions_dataset(sessions: dict, batch: int, item: str) -> tf.data.Dataset:
             .map(loader_form).prefetch(2))
 
 
-def _synthetic(args, size, rank):
+def synthetic_data(args, size, rank):
     """(schema, train data, steps, valid data or None, valid steps): this rank's sessions."""
     valid = args.valid_sessions
     if valid is None:
@@ -77,7 +77,7 @@ def _synthetic(args, size, rank):
     return session_schema(args.items, args.max_length, ITEM), train, steps, held_out, valid_steps
 
 
-def _parquet(args, size, rank):
+def parquet_data(args, size, rank):
     """(schema, train loader, steps, valid loader, valid steps): Merlin's Loader over this
     rank's partitions of ``--train-dir`` / ``--valid-dir``, reading the item column only."""
     import merlin.models.tf as mm
@@ -166,7 +166,7 @@ class StepClock(tf.keras.callbacks.Callback):
         return (self.steps - 1) * global_batch / (self.last - self.first), seconds
 
 
-def _evaluate(model, valid, steps, pre, epoch):
+def evaluate_catalog(model, valid, steps, pre, epoch):
     """Evaluate's loss and top-k metrics, the mean over the ranks (equal sessions each)."""
     result = model.evaluate(valid, steps=steps, verbose=0, return_dict=True, pre=pre)
     mine = {k: float(v) for k, v in result.items()}
@@ -231,7 +231,7 @@ def run(args, started: float) -> dict:
     phases = {"imports": time.perf_counter() - started}
     size, rank = comm.size(), comm.rank()
     global_batch = args.batch_size * size
-    data = _parquet if args.train_dir else _synthetic
+    data = parquet_data if args.train_dir else synthetic_data
     schema, train_ds, steps, valid_ds, valid_steps = data(args, size, rank)
     phases["data"] = time.perf_counter() - started
     tf.keras.utils.set_random_seed(args.seed + rank)
@@ -257,9 +257,9 @@ def run(args, started: float) -> dict:
         loss = float(history.history["loss"][-1])
         val = sampled = None
         if valid_ds is not None:
-            val = _evaluate(catalog_model, valid_ds, valid_steps, pre, f"{epoch}")
+            val = evaluate_catalog(catalog_model, valid_ds, valid_steps, pre, f"{epoch}")
             if catalog_model is not model:  # the sampled loss's own evaluate, for reference
-                sampled = _evaluate(model, valid_ds, valid_steps, pre, f"{epoch}_sampled")
+                sampled = evaluate_catalog(model, valid_ds, valid_steps, pre, f"{epoch}_sampled")
         mine = {"embedding_bytes": embedding_bytes(emb), "peak_rss_bytes": peak_rss_bytes(),
                 "loss": loss, "samples_per_second": sps}
         ranks = comm.allgather_object(mine, name=f"mmde_next_item_epoch{epoch}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.planner import (OPTIMIZER_SLOTS, STRATEGIES, ShardingType, plan,
                                       validate_options)
+from merlin_models_de.planner.memory import plan_peak_bytes
 from merlin_models_de.planner.slicing import classify, column_slice_widths
 from merlin_models_de.schemas import load_schema
 from merlin_models_de.tables import human_bytes, tables_from_schema
@@ -226,9 +227,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZER_SLOTS))
     ap.add_argument("--dtype-bytes", type=int, default=4, choices=(2, 4, 8),
                     help="bytes per parameter (4: float32)")
+    ap.add_argument("--table-scale", type=float, default=1.0,
+                    help="every table's rows times this (as the DLRM command's option)")
     ap.add_argument("--device-memory", default=None,
                     help="e.g. 80GB: also report the smallest world size whose busiest rank fits")
     return ap
+
+
+def peak_line(placement, optimizer: str, dtype_bytes: int) -> str:
+    """The memory model's predicted peak resident bytes of each rank (planner.memory)."""
+    peaks = plan_peak_bytes(placement, optimizer, dtype_bytes)
+    return ("predicted peak per rank (runtime + tables with slots + the largest shard's "
+            "initial values): " + ", ".join(f"r{r} {human_bytes(b)}" for r, b in enumerate(peaks)))
 
 
 def _fit_line(fit: Fit, args, capacity: int) -> str:
@@ -253,12 +263,21 @@ def main(argv=None) -> int:
             raise ValueError(f"world_size must be <= {MAX_WORLD_SIZE}. "
                              f"Received: world_size={args.world_size}")
         capacity = parse_bytes(args.device_memory) if args.device_memory else None
-        tables = tables_from_schema(load_schema(args.schema), dim=args.dim or None)
+        if not (math.isfinite(args.table_scale) and args.table_scale > 0):
+            raise ValueError("--table-scale must be a finite number > 0. "
+                             f"Received: --table-scale={args.table_scale}")
+        schema = load_schema(args.schema)
+        if args.table_scale != 1.0:
+            from merlin_models_de.apps.synthetic import capped_schema
+
+            schema = capped_schema(schema, None, args.table_scale)
+        tables = tables_from_schema(schema, dim=args.dim or None)
         p = plan(tables, args.world_size, **options)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(p.summary(optimizer=args.optimizer, dtype_bytes=args.dtype_bytes))
+    print(peak_line(p, args.optimizer, args.dtype_bytes))
     print(rank_listing(p))
     if capacity is not None:
         fit = smallest_world_size(tables, capacity, args.optimizer,

@@ -82,16 +82,18 @@ def rank_dataset(schema, total: int, per_rank: int, world_size: int, rank: int, 
     return Dataset(frame, schema=schema, npartitions=1)
 
 
-def capped_schema(schema, max_rows: int | None):
-    """``schema`` with every table cut to at most ``max_rows`` rows (None: unchanged)."""
+def capped_schema(schema, max_rows: int | None, scale: float = 1.0):
+    """``schema`` with every table's rows times ``scale`` (the capacity search grows
+    Criteo's cardinalities), then cut to at most ``max_rows`` rows (None: no cap)."""
     from merlin.schema import Schema, Tags
 
-    if not max_rows:
+    if not max_rows and scale == 1.0:
         return schema
     cols = []
     for col in schema:
         if Tags.CATEGORICAL in col.tags and col.int_domain is not None:
-            domain = {"min": 0, "max": min(int(col.int_domain.max), max_rows - 1)}
+            rows = max(1, round((int(col.int_domain.max) + 1) * scale))
+            domain = {"min": 0, "max": min(rows, max_rows or rows) - 1}
             if col.int_domain.name:
                 domain["name"] = col.int_domain.name
             col = col.with_properties({**col.properties, "domain": domain})

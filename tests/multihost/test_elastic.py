@@ -83,14 +83,28 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-@pytest.mark.full  # the state object under fit: the test above
-def test_the_dlrm_command_goes_on_after_a_lost_host(hosts, tmp_path):
+# each command with the steps an epoch takes on the one rank left
+COMMANDS = {
+    # 20000 rows in batches of 32
+    "dlrm": (["-m", "merlin_models_de.apps.dlrm", "--elastic", "--rows", "20000",
+              "--batch-size", "32", "--max-table-rows", "1000", "--dim", "8",
+              "--bottom-mlp", "16", "--top-mlp", "16", "--quiet"], 625),
+    # 6400 sessions in batches of 32; the item table row-sliced on 2 ranks, whole on 1
+    "next_item": (["-m", "merlin_models_de.apps.next_item", "--elastic", "--items", "2000",
+                   "--dim", "8", "--mlp", "16", "--sessions", "6400", "--valid-sessions",
+                   "256", "--batch-size", "32", "--epochs", "1"], 200),
+}
+
+
+@pytest.mark.full  # the state object under fit: the test above; these are its commands
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_the_commands_go_on_after_a_lost_host(hosts, tmp_path, command):
+    """The tables re-planned for the rank left, restored from the last commit, and the run
+    ends at its last step; the next-item command evaluates the held-out sessions at the end."""
+    argv, steps = COMMANDS[command]
     listed, elastic = _discovery(tmp_path, ["h1", "h2"])
     ckpt = tmp_path / "ckpt"
-    job = Job(None, 2, ["-m", "merlin_models_de.apps.dlrm", "--elastic", "--rows", "20000",
-                        "--batch-size", "32", "--max-table-rows", "1000", "--dim", "8",
-                        "--bottom-mlp", "16", "--top-mlp", "16", "--quiet",
-                        "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"],
+    job = Job(None, 2, [*argv, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"],
               str(tmp_path / "job.log"), timeout=500, extra=elastic)
     try:
         job.wait_for(lambda: ckpt.exists() and any(n.endswith("00040") for n in os.listdir(ckpt)),
@@ -105,17 +119,28 @@ def test_the_dlrm_command_goes_on_after_a_lost_host(hosts, tmp_path):
     assert job.code == 0, job.output[-5000:]
     report = json.loads((ckpt / "report.json").read_text())
     starts = [(s["step"], s["world_size"]) for s in report["starts"]]
-    print(f"dlrm --elastic: starts {starts}, commits {report['commits'][:3]}...")
+    print(f"{command} --elastic: starts {starts}, commits {report['commits'][:3]}...")
     assert starts[0] == (0, 2) and starts[-1][1] == 1 and starts[-1][0] >= 40, starts
     assert starts[-1][0] % 20 == 0
-    # 20000 rows in batches of 32 on 1 rank: 625 steps; the commit's steps count as done
-    assert report["steps"] == 625 and report["world_size"] == 1
+    # the commit's steps count as done in the epoch of the new size
+    assert report["steps"] == steps and report["world_size"] == 1
+    if command == "next_item":
+        assert report["item_table_kind"] == "TABLE_WISE"
+        assert 0.0 <= report["val"]["recall_at_10"] <= 1.0
+        assert abs(report["val"]["loss"] - np.log(2000)) < 1.0
 
 
 def test_elastic_needs_a_checkpoint_directory_and_a_commit_interval(capsys):
     from merlin_models_de.apps import dlrm
 
     assert dlrm.main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
+        "Received: --checkpoint-dir='ckpt' --checkpoint-every=None"), err
+    from merlin_models_de.apps import next_item
+
+    assert next_item.main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(
         "--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "

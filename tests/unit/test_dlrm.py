@@ -101,6 +101,7 @@ def test_synthetic_rows_do_not_depend_on_world_size():
     assert whole["C1"].max() < 10_000_000 and 0.2 < whole["label"].mean() < 0.8
 
 
+@pytest.mark.full  # resume: also test_resume_after_a_mid_epoch_kill_trains_each_batch_once
 def test_single_process_run_checkpoint_and_resume(tmp_path):
     # --export (model.save of the trained model, ~95 s of Keras tracing for these 26 tables)
     # is run by tests/unit/test_serving.py, which serves what the command exported
@@ -129,6 +130,7 @@ def test_single_process_run_checkpoint_and_resume(tmp_path):
     assert [e["epoch"] for e in again["epochs"]] == [3]
 
 
+@pytest.mark.full  # 2 ranks of the command: also test_fault.py and the horovod stage
 def test_two_ranks_hold_half_the_tables_each(tmp_path):
     report_path = str(tmp_path / "r.json")
     run = _run(["--rows", "2048", "--epochs", "2", "--report", report_path,
@@ -244,6 +246,7 @@ def test_resume_after_a_mid_epoch_kill_trains_each_batch_once(tmp_path):
         resumed.stderr[-3000:]
 
 
+@pytest.mark.full  # equal steps: also horovod/test_data_rules.py and test_errors.py
 def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     from merlin.io import Dataset
 
@@ -269,8 +272,10 @@ def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
 
 @pytest.mark.timeout(1500)  # 4 command runs + the breakdown: ~5 min beside another worker
 @pytest.mark.parametrize("skip", [
-    # CI: the one-process row, the sharded row and its breakdown (~2.5 min)
-    "data-parallel,no-validation",
+    # the one-process row, the sharded row and its breakdown (~3-7 min); CI's tier checks
+    # the rows' arithmetic (test_bench_rows_take_the_median...) and the plots
+    # (test_capacity.py), not the runs
+    pytest.param("data-parallel,no-validation", marks=pytest.mark.full),
     pytest.param("", marks=pytest.mark.full)])  # every baseline (~6 min)
 def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     out = str(tmp_path / "bench")

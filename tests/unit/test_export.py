@@ -90,6 +90,7 @@ def test_checkpoints_name_tables_not_layouts(tmp_path):
     assert not [n for n in names if n.startswith(("block/mp_", "block/dp_", "block/rw_"))]
 
 
+@pytest.mark.full  # the export from 2 ranks: horovod/test_fit.py::test_save_exports...
 def test_the_exported_copy_reloads_as_the_model_and_leaves_names_alone(tmp_path):
     """The export's single-process copy (rebuilt from the config) saves a config that loads
     back as the same model (Merlin's SequentialBlock used to hand the DLRM's interaction the

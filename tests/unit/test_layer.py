@@ -120,6 +120,7 @@ def test_registration_and_plan():
     assert block.summary().startswith("backend=horovod\nShardingPlan: 2 tables")
 
 
+@pytest.mark.full  # save and load: horovod/test_reload.py and test_fit.py
 def test_config_round_trip_and_dlrm_save_load(tmp_path, synthetic_schema):
     ds = synthetic("criteo", 128)
     schema = ds.schema

@@ -105,7 +105,8 @@ def _watch(proc, seen, stop):
         time.sleep(0.005)  # a rank's Gloo listener lives only while the ranks connect
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "merlin_models_de.apps.launch"])
+@pytest.mark.parametrize("launcher", [pytest.param("horovodrun", marks=pytest.mark.full),
+                                      "merlin_models_de.apps.launch"])
 def test_local_job_listens_on_loopback(launcher):
     """Gloo's ranks stay on loopback either way; horovodrun's rendezvous server listens on
     every interface, this package's launcher binds it to the interface given."""

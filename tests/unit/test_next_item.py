@@ -338,6 +338,7 @@ def test_parquet_sessions_train_in_one_process(parquet_sessions, tmp_path):
     assert 0.0 <= report["val"]["recall_at_10"] <= 1.0 and report["val_sampled"] is None
 
 
+@pytest.mark.full  # 2 ranks: the horovod stage's next-item models (test_session_fit.py)
 def test_two_ranks_train_parquet_sessions_with_the_sampled_loss(parquet_sessions, tmp_path):
     """Each rank reads its own partition; the sampled loss takes every rank's positives as
     negatives; recall@10 is the full catalog's (a twin with the softmax output evaluates),

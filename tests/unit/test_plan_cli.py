@@ -94,10 +94,12 @@ def test_device_memory_of_zero_is_refused_at_once(memory):
 
 @pytest.mark.parametrize("memory, options", [
     ("1B", []),
-    ("1KB", ["--strategy", "memory_optimized", "--column-slice-threshold", "1000"]),
-    ("50MB", ["--strategy", "memory_optimized"]),
+    pytest.param("1KB", ["--strategy", "memory_optimized", "--column-slice-threshold", "1000"],
+                 marks=pytest.mark.full),
+    pytest.param("50MB", ["--strategy", "memory_optimized"], marks=pytest.mark.full),
     ("2MB", ["--row-slice-threshold", "1000000"]),
-    ("600MB", ["--data-parallel-threshold", "100000", "--strategy", "memory_balanced"]),
+    pytest.param("600MB", ["--data-parallel-threshold", "100000", "--strategy", "memory_balanced"],
+                 marks=pytest.mark.full),
 ])
 def test_device_memory_search_answers_fast_for_any_capacity(memory, options):
     # 45.6M rows at dim 16: small capacities used to plan up to 4096 world sizes (minutes)

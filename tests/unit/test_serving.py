@@ -107,6 +107,7 @@ def test_ranking_ensemble_on_raw_rows_predicts_as_the_model(out, tmp_path):
     assert os.path.isdir(tmp_path / "triton/1_predicttensorflowtriton/1/model.savedmodel")
 
 
+@pytest.mark.full  # an ensemble on raw rows: the ranking test above
 def test_retrieval_ensemble_on_raw_sessions_gives_the_models_top_k(out, tmp_path):
     from merlin.io import Dataset
 

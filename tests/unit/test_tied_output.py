@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.unit.helpers import diagonal
 from tests.unit.horovod import tied_reference as tr
 from tests.unit.horovod.fit_common import LossRecorder
 
@@ -37,10 +38,12 @@ def test_logits_equal_merlins_categorical_output(vocab_parallel):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("vocab_parallel", [None, True], ids=["logits", "vocab_parallel"])
-@pytest.mark.parametrize("optimizer, eager", [("sgd", False), ("adagrad", True)],
-                         ids=["sgd-graph", "adagrad-eager"])
-def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer, eager):
+@pytest.mark.parametrize("vocab_parallel, optimizer_mode", diagonal(
+    [None, True], [("sgd", False), ("adagrad", True)],
+    ids=(lambda v: "vocab_parallel" if v else "logits",
+         lambda o: f"{o[0]}-{'eager' if o[1] else 'graph'}")))
+def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer_mode):
+    optimizer, eager = optimizer_mode
     spec = {"vocab_parallel": vocab_parallel, "chunk_rows": 7, "optimizer": optimizer,
             "eager": eager}
     (merlin, merlin_block), (ours, block), x, y = pair(spec)
@@ -58,7 +61,8 @@ def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer, eager)
     assert expected["recall_at_10"] > 0  # the comparison means something
 
 
-@pytest.mark.parametrize("vocab_parallel", [None, True], ids=["logits", "vocab_parallel"])
+@pytest.mark.parametrize("vocab_parallel", [pytest.param(None, marks=pytest.mark.full), True],
+                         ids=["logits", "vocab_parallel"])
 def test_an_output_bias_trains_as_merlins(vocab_parallel):
     """``use_bias=True`` against Merlin's ``EmbeddingTablePrediction(use_bias=True)``:
     the same logits, per-step losses, tables, bias and top-k metrics."""

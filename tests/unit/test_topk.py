@@ -16,7 +16,7 @@ BATCH = 16
 
 
 @pytest.mark.parametrize("bias, vocab_parallel, chunk_rows", [
-    (True, None, 7), (True, True, 50), (False, True, 3)])
+    pytest.param(True, None, 7, marks=pytest.mark.full), (True, True, 50), (False, True, 3)])
 def test_top_k_model_returns_the_top_k_of_the_full_logits(bias, vocab_parallel, chunk_rows):
     model, _ = tr.build_model({"block": "de", "bias": bias, "vocab_parallel": vocab_parallel,
                                "chunk_rows": chunk_rows})

@@ -110,6 +110,7 @@ def test_resume_equals_an_uninterrupted_run(hvd, tmp_path_factory, optimizer):
         np.testing.assert_allclose(value, uninterrupted[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.full  # across world sizes: also tests/multihost/test_train.py (2 hosts <-> 1)
 def test_restore_across_strategies_and_world_sizes(hvd, tmp_path_factory):
     data = comm.broadcast_object(fc.make_data(2 * comm.size() * PER_RANK, seed=6))
     basic = spec_for("basic")

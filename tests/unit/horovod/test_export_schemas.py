@@ -117,6 +117,7 @@ def predict_in_one_process(path, data, tmp):
     return np.load(out) if run.returncode == 0 else run.stderr[-3000:]
 
 
+@pytest.mark.full  # 2 ranks' export: also test_fit.py::test_save_exports_a_single_process_model
 @pytest.mark.parametrize("kind", sorted(SCHEMAS))
 def test_export_without_item_id_loads_anywhere(hvd, tmp_path_factory, kind):
     from merlin.schema import Tags

@@ -102,6 +102,7 @@ def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer
     np.testing.assert_allclose(predictions, ref["predictions"][rows], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.full  # frozen layers: also test_model_api.py (tables frozen by name)
 def test_only_tables_train_when_every_dense_layer_is_frozen(hvd, tmp_path_factory):
     """Every trainable variable is a sharded table: the optimizer has no gradient to average
     (no group at all: Horovod's own groups=1 fails on an empty list) and training still

@@ -2,6 +2,7 @@
 resumed by name (freeze_blocks / unfreeze_all_frozen_blocks), and mm.MultiOptimizer with
 mm.LazyAdam for sharded tables (sparse updates, local slots)."""
 import numpy as np
+import pytest
 
 from merlin_models_de import comm
 from merlin_models_de.variables import embedding_blocks, local_slot_refs
@@ -30,6 +31,7 @@ def test_tables_frozen_by_name_train_as_in_one_process(hvd, tmp_path_factory):
     assert embedding_blocks(model)[0].plan.kind_of("C1").value == "column_wise"
 
 
+@pytest.mark.full  # LazyAdam/MultiOptimizer in one process: tests/unit/test_model_api.py
 def test_multi_optimizer_with_lazy_adam_trains_as_in_one_process(hvd, tmp_path_factory):
     spec = dict(optimizer="multi", lr=0.05, strategy="memory_balanced", column=4000,
                 world_size=comm.size(), per_rank=PER_RANK, lazy=["C1", "C2"])

@@ -4,6 +4,7 @@ import pytest
 
 from merlin_models_de import DistributedEmbeddings, comm
 from merlin_models_de.planner import ShardingType
+from tests.unit.helpers import diagonal
 from tests.unit.horovod import oracle
 
 PER_RANK = 16
@@ -34,8 +35,8 @@ def make_block(combiners=oracle.COMBINERS, **options):
                                  sequence_combiner=combiners, backend="horovod", **options)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
-@pytest.mark.parametrize("case", PLACEMENTS, ids=[p[0] for p in PLACEMENTS])
+@pytest.mark.parametrize("case, optimizer", diagonal(PLACEMENTS, ["sgd", "adagrad"],
+                                                     ids=(lambda p: p[0], str)))
 def test_forward_and_training_match_the_oracle(hvd, case, optimizer):
     _, options, kinds = case
     block = make_block(**options)

@@ -166,6 +166,7 @@ def test_keras_layer_combiner_matches_the_oracle(hvd, graph):
 FIT_PER_RANK = 32
 
 
+@pytest.mark.full  # the regularizers against the oracle: the tests above
 def test_fit_with_regularization_matches_one_process(hvd, tmp_path_factory):
     """DLRM compile / fit / evaluate with both regularizers: Merlin's ``loss_batch`` (its loss
     plus ``model.losses``) per step, the trained weights and evaluate's loss equal one process

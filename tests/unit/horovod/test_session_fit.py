@@ -82,7 +82,7 @@ def test_session_model_fit_matches_one_process(hvd, tmp_path_factory, optimizer,
     # the item table whole on one rank (no column slices)
     pytest.param("sgd", None, 10**6, False, TABLE, marks=pytest.mark.full),
     ("adagrad", 1000, None, False, ROW),  # the item table row-sliced
-    ("adagrad", 1000, None, True, ROW),
+    pytest.param("adagrad", 1000, None, True, ROW, marks=pytest.mark.full),
 ])
 def test_next_item_model_with_a_tied_output_matches_one_process(hvd, tmp_path_factory, optimizer,
                                                                 row, column, eager, kind):

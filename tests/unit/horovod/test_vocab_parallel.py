@@ -19,6 +19,10 @@ from merlin_models_de.planner.slicing import row_ranges
 from merlin_models_de.variables import mark_local
 from merlin_models_de.outputs.vocab_parallel import (sharded_logits, sharded_softmax_cross_entropy,
                                              sharded_top_k)
+from tests.unit.helpers import diagonal
+
+# a rank's rows: evenly split, all on the last rank, or in reverse order
+KINDS = ["even", "last_rank_only", "reversed"]
 
 DIM, ROWS = 4, 23
 
@@ -76,8 +80,7 @@ def reference(g, bias):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("kind", ["even", "last_rank_only", "reversed"])
-@pytest.mark.parametrize("chunk", [5, 12, 64])
+@pytest.mark.parametrize("kind, chunk", diagonal(KINDS, [5, 12, 64]))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_loss_and_gradients_equal_one_process(hvd, graph, kind, chunk, bias):
     g = global_data(comm.size(), uneven=kind != "even")  # a rank without rows, uneven too
@@ -150,8 +153,7 @@ def test_horovod_tape_gives_one_process_mean_loss_gradients(hvd, graph, kind):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("kind", ["even", "last_rank_only", "reversed"])
-@pytest.mark.parametrize("chunk", [3, 12, 64])
+@pytest.mark.parametrize("kind, chunk", diagonal(KINDS, [3, 12, 64]))
 @pytest.mark.parametrize("integer", [False, True], ids=["normal", "ties"])
 def test_top_k_equals_one_process(hvd, graph, kind, chunk, integer):
     g = global_data(comm.size(), uneven=kind != "even", seed=2, integer=integer)
