@@ -259,21 +259,36 @@ def distributed_tape(tape, local_variables, **kwargs):
     # sparse_as_dense: the only global IndexedSlices gradients are those of data-parallel
     # tables (small by definition); Horovod would allgather them under tensor-derived names.
     kwargs.setdefault("sparse_as_dense", True)
-    wrapped = h.DistributedGradientTape(tape, scale_local_gradients=True, **kwargs)
+    # local gradients are divided by the world size here (as compat.horovod's optimizer
+    # does): Horovod 0.28.1's own scaling divides a float gradient by an int32 size tensor
+    # under elastic (a TypeError in every custom loop of an elastic job)
+    wrapped = h.DistributedGradientTape(tape, scale_local_gradients=False, **kwargs)
+    local_variables = list(local_variables)
     for var in local_variables:
         wrapped.register_local_source(var)
-    return _GenericNamesTape(wrapped)
+    return _GenericNamesTape(wrapped, local_variables, h.size())
 
 
 class _GenericNamesTape:
-    """Horovod's tape, asked for generic allreduce names (``grad_0``, ...)."""
+    """Horovod's tape, asked for generic allreduce names (``grad_0``, ...), the local
+    sources' gradients divided by the world size."""
 
-    def __init__(self, tape):
+    def __init__(self, tape, local_variables, size: int):
         self._tape = tape
+        self._local = {var.ref() for var in local_variables}
+        self._size = float(size)
 
     def gradient(self, target, sources, output_gradients=None):
         """Like ``tf.GradientTape.gradient``, with local and global gradients handled."""
-        return self._tape.gradient(target, sources, output_gradients, use_generic_names=True)
+        grads = self._tape.gradient(target, sources, output_gradients, use_generic_names=True)
+        return tf.nest.map_structure(self._scaled, sources, grads)
+
+    def _scaled(self, source, grad):
+        if grad is None or not hasattr(source, "ref") or source.ref() not in self._local:
+            return grad
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / self._size, grad.indices, grad.dense_shape)
+        return grad / self._size
 
     def __getattr__(self, attr):
         return getattr(self._tape, attr)

@@ -62,7 +62,7 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     tables = tables_from_schema(capped_schema(synthetic_schema("criteo"), None, scale),
                                 dim=args.dim)
     if config["embeddings"] == "merlin":
-        return [replicated_peak_bytes(tables, args.optimizer)] * config["ranks"]
+        return [replicated_peak_bytes(tables, args.optimizer, config["ranks"])] * config["ranks"]
     return plan_peak_bytes(plan(tables, config["ranks"], strategy=args.strategy),
                            args.optimizer)
 

@@ -26,8 +26,8 @@ def run(args, started: float) -> dict:
 
     def build():
         size = comm.size()
-        args.row_slice_threshold = option if option is not None else \
-            row_slice_threshold(args, size)  # the item table re-planned for these ranks
+        args.row_slice_threshold = option  # the option as given, resolved for these ranks:
+        args.row_slice_threshold = row_slice_threshold(args, size)  # the item table re-planned
         schema = data(args, size, comm.rank())[0]
         tf.keras.utils.set_random_seed(args.seed + comm.rank())
         model, emb, catalog = model_for(args, schema)

@@ -237,8 +237,8 @@ def _parser() -> argparse.ArgumentParser:
 def peak_line(placement, optimizer: str, dtype_bytes: int) -> str:
     """The memory model's predicted peak resident bytes of each rank (planner.memory)."""
     peaks = plan_peak_bytes(placement, optimizer, dtype_bytes)
-    return ("predicted peak per rank (runtime + tables with slots + the largest shard's "
-            "initial values): " + ", ".join(f"r{r} {human_bytes(b)}" for r, b in enumerate(peaks)))
+    return ("predicted peak resident memory per rank (runtime + tables with slots): "
+            + ", ".join(f"r{r} {human_bytes(b)}" for r, b in enumerate(peaks)))
 
 
 def _fit_line(fit: Fit, args, capacity: int) -> str:

@@ -12,6 +12,9 @@ Example (under ``horovodrun --gloo --min-np 1 --max-np 4 --host-discovery-script
     >>> @run                                                               # doctest: +SKIP
     ... def train(state):
     ...     state.model.fit(batches_from(state.step), callbacks=[state.callback()])
+
+A custom loop (``build`` sets ``model.optimizer``, whose slots the commits keep) calls
+``state.after_step()`` after each optimizer step instead of passing the callback.
 """
 from __future__ import annotations
 
@@ -73,8 +76,15 @@ def _state_class():
             else:
                 super().sync()
 
+        def after_step(self):
+            """Counts a finished step and commits every ``commit_every`` steps (a custom
+            loop calls it after each optimizer step; Keras ``fit`` takes :meth:`callback`)."""
+            self.step += 1
+            if self.step % self.commit_every == 0:
+                self.commit()
+
         def callback(self):
-            """Keras callback: counts steps and commits every ``commit_every`` steps."""
+            """Keras callback: :meth:`after_step` after every batch."""
             return _CommitEvery(self)
 
     return _ShardedState
@@ -92,7 +102,9 @@ class ShardedState:
         counters: More values committed with the step and synced from rank 0 (epoch, ...).
 
     ``state.step`` is the number of steps done; ``state.commit()`` checkpoints and raises
-    Horovod's ``HostsUpdatedInterrupt`` when hosts were added or removed.
+    Horovod's ``HostsUpdatedInterrupt`` when hosts were added or removed;
+    ``state.after_step()`` counts a step of a custom loop and commits on schedule;
+    ``state.callback()`` does that for Keras ``fit``.
     """
 
     def __new__(cls, *args, **kwargs):
@@ -105,6 +117,4 @@ class _CommitEvery(tf.keras.callbacks.Callback):
         self.state = state
 
     def on_train_batch_end(self, batch, logs=None):
-        self.state.step += 1
-        if self.state.step % self.state.commit_every == 0:
-            self.state.commit()
+        self.state.after_step()

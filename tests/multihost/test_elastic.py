@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.multihost.conftest import Job, netns
-from tests.multihost.jobs.elastic_job import G, STEPS, build_for
+from tests.multihost.jobs.elastic_job import G, STEPS, build_for, custom_step
 
 
 def _discovery(tmp_path, hosts):
@@ -27,7 +27,9 @@ def _discovery(tmp_path, hosts):
                     "--host-discovery-script", str(script)]
 
 
-def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
+@pytest.mark.parametrize("loop", [  # Keras fit, and a custom loop of gradient tapes
+    "fit", pytest.param("custom", marks=pytest.mark.full)])
+def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path, loop):
     from merlin_models_de.persistence.checkpoint import restore_checkpoint
     from tests.unit.horovod import fit_common as fc
 
@@ -35,7 +37,7 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
     src = str(tmp_path / "data.npz")
     np.savez(src, **data)
     listed, elastic = _discovery(tmp_path, ["h1", "h2"])
-    job = Job(None, 2, ["-m", "tests.multihost.jobs.elastic_job", src, str(tmp_path)],
+    job = Job(None, 2, ["-m", "tests.multihost.jobs.elastic_job", src, str(tmp_path), loop],
               str(tmp_path / "job.log"), timeout=500, extra=elastic)
     try:
         job.wait_for((tmp_path / "ready").exists, "step 6")
@@ -72,12 +74,17 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path):
     shutil.copytree(tmp_path / "ckpt" / starts[-1][2], oracle / starts[-1][2])
     (oracle / "latest").write_text(starts[-1][2])
     x, y = fc.split_xy(data, {})
-    model = build_for(1, x)
+    model = build_for(1, x, loop)
     assert restore_checkpoint(model, str(oracle))["step"] == 4
-    losses = fc.LossRecorder()
-    model.fit({k: v[4 * G:] for k, v in x.items()}, y[4 * G:], batch_size=G, epochs=1,
-              shuffle=False, verbose=0, callbacks=[losses])
-    np.testing.assert_allclose(got["losses"][4:], losses.losses, rtol=1e-5, atol=1e-6)
+    if loop == "fit":
+        recorder = fc.LossRecorder()
+        model.fit({k: v[4 * G:] for k, v in x.items()}, y[4 * G:], batch_size=G, epochs=1,
+                  shuffle=False, verbose=0, callbacks=[recorder])
+        losses = recorder.losses
+    else:
+        losses = [custom_step(model, fc.take(x, s * G, (s + 1) * G), y[s * G:(s + 1) * G])
+                  for s in range(4, STEPS)]
+    np.testing.assert_allclose(got["losses"][4:], losses, rtol=1e-5, atol=1e-6)
     want = fc.snapshot(model)
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
@@ -127,7 +134,8 @@ def test_the_commands_go_on_after_a_lost_host(hosts, tmp_path, command):
     if command == "next_item":
         assert report["item_table_kind"] == "TABLE_WISE"
         assert 0.0 <= report["val"]["recall_at_10"] <= 1.0
-        assert abs(report["val"]["loss"] - np.log(2000)) < 1.0
+        # trained: below the uniform softmax's log(2000) = 7.60 (measured 5.21)
+        assert report["val"]["loss"] < np.log(2000) - 1.0
 
 
 def test_elastic_needs_a_checkpoint_directory_and_a_commit_interval(capsys):

@@ -22,21 +22,21 @@ def tables(*rows, dim=4):
             for i, r in enumerate(rows)]
 
 
-def test_a_ranks_peak_is_runtime_tables_with_slots_and_its_largest_table_once_more():
-    assert rank_peak_bytes(1000, 600, "sgd", runtime=0) == 1000 * 4 + 600 * 4
-    assert rank_peak_bytes(1000, 600, "adagrad", runtime=0) == 2 * 1000 * 4 + 600 * 4
-    assert rank_peak_bytes(1000, 600, "adam", runtime=7) == 7 + 3 * 1000 * 4 + 600 * 4
-    assert replicated_peak_bytes(tables(100, 50), "adagrad", runtime=0) == \
-        2 * 150 * 4 * 4 + 100 * 4 * 4
+def test_a_ranks_peak_is_runtime_and_tables_with_slots_and_dense_gradients_if_allreduced():
+    assert rank_peak_bytes(1000, "sgd", runtime=0) == 1000 * 4
+    assert rank_peak_bytes(1000, "adagrad", runtime=0) == 2 * 1000 * 4
+    assert rank_peak_bytes(1000, "adam", dtype_bytes=2, runtime=7) == 7 + 3 * 1000 * 2
+    assert rank_peak_bytes(1000, "adagrad", dense_gradients=True, runtime=0) == 4 * 1000 * 4
+    # mm.Embeddings: one process, and each rank of Merlin's data parallel (dense gradients)
+    assert replicated_peak_bytes(tables(100, 50), "adagrad", runtime=0) == 2 * 150 * 4 * 4
+    assert replicated_peak_bytes(tables(100, 50), "sgd", 2, runtime=0) == 3 * 150 * 4 * 4
 
 
 def test_a_plans_peaks_follow_its_shards():
     p = plan(tables(100, 50, 30), 2, strategy="memory_balanced")
-    peaks = plan_peak_bytes(p, "sgd", runtime=0)
-    for rank, peak in enumerate(peaks):
-        mine = [s.elements for s in p.shards_on(rank)]
-        assert peak == sum(mine) * 4 + max(mine) * 4
-    assert plan_peak_bytes(p, "sgd") == [peak + RUNTIME_BYTES for peak in peaks]
+    assert plan_peak_bytes(p, "sgd", runtime=0) == [p.rank_elements(r) * 4 for r in range(2)]
+    assert plan_peak_bytes(p, "adagrad") == [2 * p.rank_elements(r) * 4 + RUNTIME_BYTES
+                                             for r in range(2)]
 
 
 def test_configurations_and_their_errors():

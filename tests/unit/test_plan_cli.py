@@ -65,6 +65,18 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
         assert f"C1 10,000,000x8 (columns {cols} of 16)" in ranks[rank], ranks[rank]
     whole = [t for l in ranks for t in l.split(": ")[1].split(", ") if "(" not in t]
     assert "C6 4x16" in whole and len(whole) == 26 - 5  # 5 tables above 2**24 are sliced
+    # the memory model (planner.memory): runtime + each rank's tables with their Adagrad slots
+    from merlin_models_de.planner import plan as make_plan
+    from merlin_models_de.planner.memory import plan_peak_bytes
+    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.tables import human_bytes, tables_from_schema
+
+    placed = make_plan(tables_from_schema(synthetic_schema("criteo"), dim=16), 2,
+                       strategy="memory_optimized", column_slice_threshold=2**24)
+    peaks = ", ".join(f"r{r} {human_bytes(b)}"
+                      for r, b in enumerate(plan_peak_bytes(placed, "adagrad")))
+    assert f"predicted peak resident memory per rank (runtime + tables with slots): {peaks}" \
+        in out.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,10 +1,11 @@
 """Elastic job (horovodrun --min-np 1 --max-np 2 --host-discovery-script ...): the fit oracle's
-DLRM trained with Keras fit on a fixed global batch of G rows split over the ranks there are,
-a commit (sharded checkpoint) every 2 steps. On 2 ranks, rank 1 writes OUT/ready as it begins
-step 6 and then waits: the test kills its host. Rank 0 writes OUT/elastic.npz at the end: the
-loss and world size of each step, the checkpoint each start restored, the final weights.
+DLRM trained on a fixed global batch of G rows split over the ranks there are, with Keras fit
+(LOOP "fit") or a custom loop of gradient tapes (LOOP "custom"), a commit (sharded checkpoint)
+every 2 steps. On 2 ranks, the rank on h2 writes OUT/ready as it begins step 6 and then
+waits: the test kills its host. Rank 0 writes OUT/elastic.npz at the end: the loss and world size of each
+step, the checkpoint each start restored, the final weights.
 
-Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR
+Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR [LOOP]
 """
 import json
 import os
@@ -19,19 +20,36 @@ from tests.multihost.jobs import watchdog
 G, STEPS, LR, EVERY = 32, 12, 0.05, 2
 
 
-def build_for(n, x):
+def build_for(n, x, loop="fit"):
     from tests.unit.horovod import fit_common as fc
 
     spec = dict(optimizer="adagrad", strategy="memory_balanced", column=4000, world_size=n,
                 per_rank=G // n)
     model = fc.build_model(spec)
     model(fc.take(x, 0, 2))
-    # Merlin multiplies the learning rate by the world size: the global batch is fixed here
-    model.compile(optimizer=fc.optimizer("adagrad", LR / n))
+    if loop == "fit":
+        # Merlin multiplies the learning rate by the world size: the global batch is fixed here
+        model.compile(optimizer=fc.optimizer("adagrad", LR / n))
+    else:  # a custom loop's optimizer, as given (the commits keep model.optimizer's slots)
+        model.optimizer = fc.optimizer("adagrad", LR)
     return model
 
 
-def main(src, out):
+def custom_step(model, batch, labels) -> float:
+    """One step of a custom loop: this rank's mean binary cross-entropy, its gradients through
+    the block's distributed tape (dense ones averaged, the shards' scaled), one update."""
+    from merlin_models_de.merlin.training import DistributedGradientTape
+
+    with tf.GradientTape() as tape:
+        out = model(batch, training=True)  # Merlin: a PredictionOutput when training
+        loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, out.predictions))
+    variables = model.trainable_variables
+    grads = DistributedGradientTape(tape, model).gradient(loss, variables)
+    model.optimizer.apply_gradients(zip(grads, variables))
+    return float(loss)
+
+
+def main(src, out, loop="fit"):
     watchdog.start()
     from merlin_models_de import comm
     from merlin_models_de.elastic.state import ShardedState, run
@@ -41,31 +59,47 @@ def main(src, out):
     data = dict(np.load(src, allow_pickle=True))
     data.pop("spec", None)
     x, y = fc.split_xy(data, {})
-    state = ShardedState(lambda: build_for(comm.size(), x), os.path.join(out, "ckpt"),
+    state = ShardedState(lambda: build_for(comm.size(), x, loop), os.path.join(out, "ckpt"),
                          commit_every=EVERY)
     record = {"loss": {}, "world": {}, "starts": []}
 
+    def step_begins():
+        watchdog.progress()
+        # the rank on h2, whichever rank Horovod's elastic driver gave it
+        if comm.size() == 2 and os.environ.get("HOROVOD_HOSTNAME") == "h2" and state.step == 5:
+            open(os.path.join(out, "ready"), "w").close()
+            while True:  # the test kills this host now
+                time.sleep(1)
+                watchdog.progress()
+
+    def step_ended(loss):
+        record["loss"][state.step + 1] = loss
+        record["world"][state.step + 1] = comm.size()
+
     class Record(tf.keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            watchdog.progress()
-            if comm.size() == 2 and comm.rank() == 1 and state.step == 5:
-                open(os.path.join(out, "ready"), "w").close()
-                while True:  # the test kills this host now
-                    time.sleep(1)
-                    watchdog.progress()
+            step_begins()
 
         def on_train_batch_end(self, batch, logs=None):
-            record["loss"][state.step + 1] = float(logs["loss_batch"])
-            record["world"][state.step + 1] = comm.size()
+            step_ended(float(logs["loss_batch"]))
 
     @run
     def train(state):
         n, r = comm.size(), comm.rank()
         record["starts"].append((state.step, n, os.path.basename(
             latest_checkpoint(state.directory) or "")))
-        rows = fc.rank_rows((STEPS - state.step) * G, G // n, n, r) + state.step * G
-        state.model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=G // n,
-                        epochs=1, shuffle=False, verbose=0, callbacks=[Record(), state.callback()])
+        if loop == "fit":
+            rows = fc.rank_rows((STEPS - state.step) * G, G // n, n, r) + state.step * G
+            state.model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=G // n,
+                            epochs=1, shuffle=False, verbose=0,
+                            callbacks=[Record(), state.callback()])
+            return
+        while state.step < STEPS:
+            step_begins()
+            rows = fc.rank_rows(G, G // n, n, r) + state.step * G
+            step_ended(custom_step(state.model, {k: tf.constant(v[rows]) for k, v in x.items()},
+                                   tf.constant(y[rows])))
+            state.after_step()
 
     train(state)
     final = fc.snapshot(state.model)
@@ -79,4 +113,4 @@ def main(src, out):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
