@@ -203,6 +203,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _predicted_again(args) -> list[dict]:
+    """The rows of the search saved in ``--out``, every prediction made again (the runs'
+    measurements unchanged), e.g. after the memory model's runtime was fitted to them."""
+    with open(os.path.join(args.out, "capacity.json"), encoding="utf-8") as f:
+        saved = json.load(f)
+    vars(args).update({k: v for k, v in saved["config"].items()  # the search's own options
+                       if k not in ("out", "predict_again")})
+    rows = []
+    for row in saved["rows"]:
+        config = {k: row[k] for k in ("ranks", "embeddings")} | {"name": row["config"]}
+        for run in row["runs"]:
+            run["predicted"] = predicted_peaks(config, run["scale"], args)
+        rows.append(summary_rows(config, row["runs"]))
+    return rows
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m merlin_models_de.apps.capacity",
                                  description=__doc__,
@@ -220,6 +236,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--strategy", default="memory_optimized")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per run")
     ap.add_argument("--out", default="bench")
+    ap.add_argument("--predict-again", action="store_true",
+                    help="no runs: recompute the predictions of the search in --out with "
+                         "the current memory model and rewrite its results")
     return ap
 
 
@@ -235,7 +254,10 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    rows = [summary_rows(c, search(c, args)) for c in configs]
+    if args.predict_again:
+        rows = _predicted_again(args)
+    else:
+        rows = [summary_rows(c, search(c, args)) for c in configs]
     table = markdown(rows)
     print(table)
     from merlin_models_de.apps.bench import write_results

@@ -92,7 +92,8 @@ def capped_schema(schema, max_rows: int | None, scale: float = 1.0):
     cols = []
     for col in schema:
         if Tags.CATEGORICAL in col.tags and col.int_domain is not None:
-            rows = max(1, round((int(col.int_domain.max) + 1) * scale))
+            # at least 2 rows: a table needs an id beyond Merlin's reserved 0
+            rows = max(2, round((int(col.int_domain.max) + 1) * scale))
             domain = {"min": 0, "max": min(rows, max_rows or rows) - 1}
             if col.int_domain.name:
                 domain["name"] = col.int_domain.name

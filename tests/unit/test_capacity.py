@@ -26,10 +26,10 @@ def test_a_ranks_peak_is_runtime_and_tables_with_slots_and_dense_gradients_if_al
     assert rank_peak_bytes(1000, "sgd", runtime=0) == 1000 * 4
     assert rank_peak_bytes(1000, "adagrad", runtime=0) == 2 * 1000 * 4
     assert rank_peak_bytes(1000, "adam", dtype_bytes=2, runtime=7) == 7 + 3 * 1000 * 2
-    assert rank_peak_bytes(1000, "adagrad", dense_gradients=True, runtime=0) == 4 * 1000 * 4
+    assert rank_peak_bytes(1000, "adagrad", dense_gradients=True, runtime=0) == 3.25 * 1000 * 4
     # mm.Embeddings: one process, and each rank of Merlin's data parallel (dense gradients)
     assert replicated_peak_bytes(tables(100, 50), "adagrad", runtime=0) == 2 * 150 * 4 * 4
-    assert replicated_peak_bytes(tables(100, 50), "sgd", 2, runtime=0) == 3 * 150 * 4 * 4
+    assert replicated_peak_bytes(tables(100, 50), "sgd", 2, runtime=0) == 2.25 * 150 * 4 * 4
 
 
 def test_a_plans_peaks_follow_its_shards():
@@ -112,3 +112,23 @@ def test_a_run_over_budget_is_stopped_with_every_rank_and_one_within_it_reports(
     criteo = tables_from_schema(capped_schema(synthetic_schema("criteo"), None, 0.001), dim=16)
     assert capacity.predicted_peaks(single, 0.001, args) == [
         replicated_peak_bytes(criteo, "adagrad")]
+
+
+def test_predict_again_rewrites_the_predictions_and_keeps_the_measurements(tmp_path):
+    runs = [_tried(0.001, True, 1.0), _tried(0.002, False, 9.0)]
+    saved = {"config": {"dim": 16, "optimizer": "sgd", "strategy": "memory_optimized",
+                        "budget": "3GiB", "np": 2},
+             "rows": [{"config": "sharded", "ranks": 2, "embeddings": "distributed",
+                       "runs": runs}]}
+    (tmp_path / "capacity.json").write_text(json.dumps(saved))
+    assert capacity.main(["--out", str(tmp_path), "--predict-again"]) == 0
+    again = json.loads((tmp_path / "capacity.json").read_text())
+    assert again["config"]["budget"] == "3GiB" and again["config"]["optimizer"] == "sgd"
+    (row,) = again["rows"]
+    criteo = tables_from_schema(capped_schema(synthetic_schema("criteo"), None, 0.001), dim=16)
+    want = plan_peak_bytes(plan(criteo, 2, strategy="memory_optimized"), "sgd")
+    assert row["runs"][0]["predicted"] == want
+    assert row["runs"][0]["rank_peaks"] == runs[0]["rank_peaks"]  # measurements unchanged
+    assert row["largest_scale"] == 0.001 and row["first_failed_scale"] == 0.002
+    assert (tmp_path / "capacity.png").read_bytes()[:8] == PNG
+    assert "| sharded | 2 | 0.001 (0.002) |" in (tmp_path / "capacity.md").read_text()
