@@ -41,6 +41,7 @@ from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.apps.plots import bench_png
 from merlin_models_de.backends.registry import AUTO, BACKEND_NAMES, is_installed
+from merlin_models_de.persistence.files import read_json
 from merlin_models_de.planner import STRATEGIES
 from merlin_models_de.tables import human_bytes
 
@@ -326,10 +327,7 @@ def main(argv=None) -> int:
 def _capacity_rows(out: str) -> list[dict] | None:
     """The rows of a capacity search written to the same directory, if one ran there."""
     path = os.path.join(out, "capacity.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)["rows"]
+    return read_json(path, "The capacity search")["rows"] if os.path.exists(path) else None
 
 if __name__ == "__main__":
     sys.exit(main())

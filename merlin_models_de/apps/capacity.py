@@ -67,17 +67,23 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
                            args.optimizer)
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (0 once it is gone)."""
+def _tree(pid: int) -> list:
+    """A process and all its descendants ([] once it is gone)."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        return [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (0 once it is gone)."""
+    import psutil
+
     total = 0
-    for p in procs:
+    for p in _tree(pid):
         try:
             total += p.memory_info().rss
         except psutil.NoSuchProcess:
@@ -114,7 +120,7 @@ def run_once(config: dict, scale: float, args, report: str) -> dict:
         elif time.perf_counter() - start > args.timeout:
             why = f"timed out after {args.timeout} s"
         if why:
-            for p in [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(True):
+            for p in _tree(proc.pid):
                 try:
                     p.kill()
                 except psutil.NoSuchProcess:
@@ -262,8 +268,7 @@ def main(argv=None) -> int:
     print(table)
     from merlin_models_de.apps.bench import write_results
 
-    write_results(args.out, "capacity", table, {"config": {k: v for k, v in vars(args).items()},
-                                                "rows": rows})
+    write_results(args.out, "capacity", table, {"config": vars(args), "rows": rows})
     from merlin_models_de.apps.plots import capacity_png
 
     print(capacity_png(rows, os.path.join(args.out, "capacity.png")))

@@ -119,8 +119,8 @@ def check_options(args) -> str | None:
         if getattr(args, flag) is not None and not args.checkpoint_dir:
             name = "--" + flag.replace("_", "-")
             return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
-    if elastic_problem(args):
-        return elastic_problem(args)
+    if problem := elastic_problem(args):
+        return problem
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
     if not args.train_dir:

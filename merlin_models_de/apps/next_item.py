@@ -182,8 +182,8 @@ def check_options(args) -> str | None:
     lr = args.learning_rate
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         return f"--learning-rate must be a finite number > 0. Received: --learning-rate={lr}"
-    if elastic_problem(args):
-        return elastic_problem(args)
+    if problem := elastic_problem(args):
+        return problem
     if args.encoder == "transformer" and (args.hidden or args.dim) % args.heads:
         return (f"--heads must divide the transformer width {args.hidden or args.dim}. "
                 f"Received: --heads={args.heads}")

@@ -20,7 +20,16 @@ def run(args, started: float) -> dict:
 
     from merlin_models_de.persistence.export import sample_batch
 
-    data = parquet_data if args.train_dir else synthetic_data
+    read = parquet_data if args.train_dir else synthetic_data
+    made = {}  # this world's (schema, train, steps, valid, valid steps), made once per world
+
+    def data():
+        world = (comm.size(), comm.rank())
+        if world not in made:  # a reset: the loaders of the old world are no use
+            made.clear()
+            made[world] = read(args, *world)
+        return made[world]
+
     option = args.row_slice_threshold
     built = {}  # the model's evaluate twin (--loss sampled), rebuilt with it
 
@@ -28,7 +37,7 @@ def run(args, started: float) -> dict:
         size = comm.size()
         args.row_slice_threshold = option  # the option as given, resolved for these ranks:
         args.row_slice_threshold = row_slice_threshold(args, size)  # the item table re-planned
-        schema = data(args, size, comm.rank())[0]
+        schema = data()[0]
         tf.keras.utils.set_random_seed(args.seed + comm.rank())
         model, emb, catalog = model_for(args, schema)
         model(sample_batch(schema))
@@ -38,13 +47,9 @@ def run(args, started: float) -> dict:
         built.update(emb=emb, catalog=catalog)
         return model
 
-    def batches(size, rank):
-        return data(args, size, rank)[1]
-
-    schema = data(args, comm.size(), comm.rank())[0]
-    pre = mm.SequencePredictLast(schema=schema, target=args.item_column)
-    _, report = train_elastically(args, started, build, batches, pre=pre)
-    _, _, _, valid, valid_steps = data(args, comm.size(), comm.rank())
+    pre = mm.SequencePredictLast(schema=data()[0], target=args.item_column)
+    _, report = train_elastically(args, started, build, lambda size, rank: data()[1], pre=pre)
+    _, _, _, valid, valid_steps = data()
     if valid is not None:
         report["val"] = evaluate_catalog(built["catalog"], valid, valid_steps, pre, "elastic")
     emb = built["emb"]  # the item table as the ranks there are at the end hold it
