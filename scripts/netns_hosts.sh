@@ -5,6 +5,7 @@
 #   scripts/netns_hosts.sh up [N]          make h1..hN (default 2) and start their sshds
 #   scripts/netns_hosts.sh run hK CMD...   run CMD inside host hK (e.g. horovodrun from h1)
 #   scripts/netns_hosts.sh kill hK         kill every process inside hK (a host that dies)
+#   scripts/netns_hosts.sh revive hK       start a killed host's sshd again (the host is back)
 #   scripts/netns_hosts.sh cut hK          take hK's link down (a cable pulled); `mend hK` undoes
 #   scripts/netns_hosts.sh down            remove everything, also what a killed run left behind
 #   scripts/netns_hosts.sh status          list the hosts, their addresses and listeners
@@ -122,13 +123,7 @@ up() {
     in_host "h$k" /usr/sbin/sshd -f /etc/ssh/sshd_config
   done
   # Every host reaches every other over ssh before we say ready (sshd needs a moment to listen).
-  for k in $(seq 1 "$n"); do
-    local tries=0
-    until ip netns exec "$(ns h1)" ssh "h$k" true 2>/dev/null; do
-      tries=$((tries + 1)); [[ $tries -lt 50 ]] || die "ssh from h1 to h$k does not work"
-      sleep 0.1
-    done
-  done
+  for k in $(seq 1 "$n"); do reachable "h$k"; done
   echo "netns_hosts: up: $(hosts_up | tr '\n' ' ')on $SUBNET.0/24, interface $IFACE, state in $STATE"
 }
 
@@ -144,6 +139,20 @@ run() {
   ip netns list | awk '{print $1}' | grep -qx "$(ns "$host")" || die "no host $host (run: $0 up)"
   exec_() { exec "$@"; }  # the command replaces this script (signals reach it)
   in_host "$host" "$@"
+}
+
+reachable() {  # ssh from h1 to $1 works (or die after 5 s)
+  local tries=0
+  until ip netns exec "$(ns h1)" ssh "$1" true 2>/dev/null; do
+    tries=$((tries + 1)); [[ $tries -lt 50 ]] || die "ssh from h1 to $1 does not work"
+    sleep 0.1
+  done
+}
+
+revive_host() {  # a killed host boots again: its sshd (its namespace and link were kept)
+  ip netns list | awk '{print $1}' | grep -qx "$(ns "$1")" || die "no host $1 (run: $0 up)"
+  in_host "$1" /usr/sbin/sshd -f /etc/ssh/sshd_config
+  reachable "$1"
 }
 
 kill_host() {  # every process of the host, by the ids its namespace lists
@@ -164,6 +173,7 @@ case "${1:-}" in
   down) down ;;
   run) [[ $# -ge 3 ]] || die "usage: $0 run hK CMD..."; shift; run "$@" ;;
   kill) kill_host "${2:?host}" ;;
+  revive) revive_host "${2:?host}" ;;
   cut) ip -n "$(ns "${2:?host}")" link set "$IFACE" down ;;
   mend) ip -n "$(ns "${2:?host}")" link set "$IFACE" up ;;
   status) status ;;

@@ -60,21 +60,26 @@ def _state_class():
             super().restore()
             self.model = None
 
-        def reset(self):  # Horovod now runs on other ranks: the model is rebuilt in sync()
-            self.model = None
+        def reset(self):
+            """Horovod runs on other ranks now: the model is rebuilt here, not in sync(),
+            because Horovod skips sync() after a commit saw hosts removed (and nothing else)."""
+            self._rebuild()
 
         def sync(self):
-            if self.model is None:
-                self.model = self._build()
-                if latest_checkpoint(self.directory) is None:  # first start: rank 0's dense
-                    save_checkpoint(self.model, self.directory, step=self.step, keep=self.keep)
-                restored = restore_checkpoint(self.model, self.directory)["step"]
-                super().sync()  # counters from rank 0 (a new worker has none of its own)
-                # the checkpoint is the truth: a rank lost after the checkpoint was complete
-                # but before the commit returned leaves the counters one commit behind
-                self.step = restored
-            else:
-                super().sync()
+            if self.model is None:  # the first start, or a worker that has just joined
+                self._rebuild()
+            super().sync()  # counters from rank 0 (a new worker has none of its own)
+            # the checkpoint is the truth: a rank lost after the checkpoint was complete
+            # but before the commit returned leaves the counters one commit behind
+            self.step = self._restored_step
+
+        def _rebuild(self):
+            """The model for the world size there is now, restored from the last commit."""
+            self.model = self._build()
+            if latest_checkpoint(self.directory) is None:  # first start: rank 0's dense
+                save_checkpoint(self.model, self.directory, step=self.step, keep=self.keep)
+            self._restored_step = restore_checkpoint(self.model, self.directory)["step"]
+            self.step = self._restored_step
 
         def after_step(self):
             """Counts a finished step and commits every ``commit_every`` steps (a custom

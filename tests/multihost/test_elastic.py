@@ -1,8 +1,10 @@
 """Elastic recovery of a sharded model: 2 hosts x 1 rank train with Keras fit and commit a
 sharded checkpoint every 2 steps; h2 dies at step 6; the rank on h1 is re-initialized alone,
 rebuilds the model for world size 1, restores the last commit (step 4) and goes on at step 5.
-Oracle: one process restored from the same commit and fed the same global batches gives the
-same losses and the same final tables and dense weights."""
+At step 9 h2 is back: the next reset takes it in, the model is rebuilt for 2 ranks from the
+commit of step 8 and the run ends on both hosts. Oracle: one process restored from the same
+commit and fed the same global batches gives the same losses, and at the end the same
+tables and dense weights."""
 import json
 import os
 import re
@@ -16,6 +18,9 @@ import pytest
 from tests.multihost.conftest import Job, netns
 from tests.multihost.jobs.elastic_job import G, STEPS, build_for, custom_step
 
+# a failed host is blacklisted for 2 s (Horovod's default: for good, it never comes back)
+COOLDOWN = ["--blacklist-cooldown-range", "1", "2"]
+
 
 def _discovery(tmp_path, hosts):
     listed = tmp_path / "hosts.txt"
@@ -24,13 +29,34 @@ def _discovery(tmp_path, hosts):
     script.write_text(f"#!/bin/sh\ncat {listed}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return listed, ["--min-np", "1", "--max-np", str(len(hosts)),
-                    "--host-discovery-script", str(script)]
+                    "--host-discovery-script", str(script), *COOLDOWN]
+
+
+def _one_process_from(commit_dir, name, x, y, loop, done, last):
+    """One process restored from the commit ``name`` (of step ``done``) and fed the global
+    batches of steps done+1..last: its losses and the model."""
+    from merlin_models_de.persistence.checkpoint import restore_checkpoint
+    from tests.unit.horovod import fit_common as fc
+
+    oracle = commit_dir.parent / f"oracle-{name}"
+    oracle.mkdir()
+    shutil.copytree(commit_dir / name, oracle / name)
+    (oracle / "latest").write_text(name)
+    model = build_for(1, x, loop)
+    assert restore_checkpoint(model, str(oracle))["step"] == done
+    if loop == "fit":
+        recorder = fc.LossRecorder()
+        rows = slice(done * G, last * G)
+        model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=G, epochs=1,
+                  shuffle=False, verbose=0, callbacks=[recorder])
+        return recorder.losses, model
+    return [custom_step(model, fc.take(x, s * G, (s + 1) * G), y[s * G:(s + 1) * G])
+            for s in range(done, last)], model
 
 
 @pytest.mark.parametrize("loop", [  # Keras fit, and a custom loop of gradient tapes
     "fit", pytest.param("custom", marks=pytest.mark.full)])
-def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path, loop):
-    from merlin_models_de.persistence.checkpoint import restore_checkpoint
+def test_a_lost_host_resumes_on_the_rest_and_is_taken_back(hosts, tmp_path, loop):
     from tests.unit.horovod import fit_common as fc
 
     data = fc.make_data(G * STEPS, seed=7)
@@ -47,8 +73,13 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path, l
         listed.write_text("h1:1\n")
         netns("kill", "h2")
         t0 = time.monotonic()
-        job.wait()
+        job.wait_for((tmp_path / "alone").exists, "step 9 on h1 alone")
         recovered = time.monotonic() - t0
+        netns("revive", "h2")
+        listed.write_text("h1:1\nh2:1\n")
+        t0 = time.monotonic()
+        job.wait()
+        rejoined = time.monotonic() - t0
     finally:
         if job.proc.poll() is None:
             job.proc.kill()
@@ -61,30 +92,21 @@ def test_a_lost_host_resumes_on_the_rest_from_the_last_commit(hosts, tmp_path, l
     got = dict(np.load(tmp_path / "elastic.npz"))
     starts = json.loads(str(got["starts"]))
     commits = json.loads(str(got["commits"]))
-    print(f"elastic: fault to end {recovered:.1f} s; starts {starts}; commits (step, s) "
-          f"{commits}")
-    assert starts[0][:2] == [0, 2] and starts[-1][:2] == [4, 1], starts
+    print(f"elastic: fault to step 9 alone {recovered:.1f} s, h2 back to the end "
+          f"{rejoined:.1f} s; starts {starts}; commits (step, s) {commits}")
+    assert [s[:2] for s in starts] == [[0, 2], [4, 1], [8, 2]], starts
     steps, worlds = list(got["steps"]), list(got["worlds"])
     assert steps == list(range(1, STEPS + 1)), steps
-    assert worlds[4:] == [1] * (STEPS - 4), worlds  # steps 5.. ran again on h1 alone
+    # steps 5.. ran again on h1 alone, 9.. on both hosts again
+    assert worlds[4:] == [1] * 4 + [2] * (STEPS - 8), worlds
 
-    # the oracle: one process restored from the commit the survivor restored
-    oracle = tmp_path / "oracle"
-    oracle.mkdir()
-    shutil.copytree(tmp_path / "ckpt" / starts[-1][2], oracle / starts[-1][2])
-    (oracle / "latest").write_text(starts[-1][2])
+    # the oracle: one process restored from each commit a start restored
+    ckpt = tmp_path / "ckpt"
     x, y = fc.split_xy(data, {})
-    model = build_for(1, x, loop)
-    assert restore_checkpoint(model, str(oracle))["step"] == 4
-    if loop == "fit":
-        recorder = fc.LossRecorder()
-        model.fit({k: v[4 * G:] for k, v in x.items()}, y[4 * G:], batch_size=G, epochs=1,
-                  shuffle=False, verbose=0, callbacks=[recorder])
-        losses = recorder.losses
-    else:
-        losses = [custom_step(model, fc.take(x, s * G, (s + 1) * G), y[s * G:(s + 1) * G])
-                  for s in range(4, STEPS)]
-    np.testing.assert_allclose(got["losses"][4:], losses, rtol=1e-5, atol=1e-6)
+    alone, _ = _one_process_from(ckpt, starts[1][2], x, y, loop, 4, 8)
+    np.testing.assert_allclose(got["losses"][4:8], alone, rtol=1e-5, atol=1e-6)
+    back, model = _one_process_from(ckpt, starts[2][2], x, y, loop, 8, STEPS)
+    np.testing.assert_allclose(got["losses"][8:], back, rtol=1e-5, atol=1e-6)
     want = fc.snapshot(model)
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)

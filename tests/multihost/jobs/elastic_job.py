@@ -2,8 +2,10 @@
 DLRM trained on a fixed global batch of G rows split over the ranks there are, with Keras fit
 (LOOP "fit") or a custom loop of gradient tapes (LOOP "custom"), a commit (sharded checkpoint)
 every 2 steps. On 2 ranks, the rank on h2 writes OUT/ready as it begins step 6 and then
-waits: the test kills its host. Rank 0 writes OUT/elastic.npz at the end: the loss and world size of each
-step, the checkpoint each start restored, the final weights.
+waits: the test kills its host. Alone, the rank on h1 writes OUT/alone as it begins step 9
+and waits (checking for host updates) until h2 is back: the reset takes it in. The process
+on h1 writes OUT/elastic.npz at the end: the loss (the mean over the ranks) and world size of
+each step, the checkpoint each start restored, the final weights.
 
 Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR [LOOP]
 """
@@ -18,6 +20,8 @@ import tensorflow as tf
 from tests.multihost.jobs import watchdog
 
 G, STEPS, LR, EVERY = 32, 12, 0.05, 2
+LOST_AT, REJOINED_AT = 5, 8  # state.step as the step that waits begins
+REJOIN_WAIT = 120  # seconds the rank left alone waits for h2
 
 
 def build_for(n, x, loop="fit"):
@@ -49,6 +53,9 @@ def custom_step(model, batch, labels) -> float:
     return float(loss)
 
 
+HOST = os.environ.get("HOROVOD_HOSTNAME")
+
+
 def main(src, out, loop="fit"):
     watchdog.start()
     from merlin_models_de import comm
@@ -66,14 +73,22 @@ def main(src, out, loop="fit"):
     def step_begins():
         watchdog.progress()
         # the rank on h2, whichever rank Horovod's elastic driver gave it
-        if comm.size() == 2 and os.environ.get("HOROVOD_HOSTNAME") == "h2" and state.step == 5:
+        if comm.size() == 2 and HOST == "h2" and state.step == LOST_AT:
             open(os.path.join(out, "ready"), "w").close()
             while True:  # the test kills this host now
                 time.sleep(1)
                 watchdog.progress()
+        if comm.size() == 1 and state.step == REJOINED_AT:
+            open(os.path.join(out, "alone"), "w").close()
+            waited = time.monotonic()
+            while time.monotonic() - waited < REJOIN_WAIT:  # the test brings h2 back now
+                state.check_host_updates()  # raises HostsUpdatedInterrupt once it is listed
+                time.sleep(0.2)
+                watchdog.progress()
+            raise RuntimeError(f"h2 was not taken back within {REJOIN_WAIT} s")
 
     def step_ended(loss):
-        record["loss"][state.step + 1] = loss
+        record["loss"][state.step + 1] = float(np.mean(comm.allgather_object(loss)))
         record["world"][state.step + 1] = comm.size()
 
     class Record(tf.keras.callbacks.Callback):
@@ -103,7 +118,7 @@ def main(src, out, loop="fit"):
 
     train(state)
     final = fc.snapshot(state.model)
-    if comm.rank() == 0:
+    if HOST == "h1":  # the process that saw every step (its rank may change at a reset)
         steps = sorted(record["loss"])
         np.savez(os.path.join(out, "elastic.npz"), steps=np.array(steps),
                  losses=np.array([record["loss"][s] for s in steps]),
