@@ -1,13 +1,15 @@
 """Elastic job (horovodrun --min-np 1 --max-np 2 --host-discovery-script ...): the fit oracle's
 DLRM trained on a fixed global batch of G rows split over the ranks there are, with Keras fit
 (LOOP "fit") or a custom loop of gradient tapes (LOOP "custom"), a commit (sharded checkpoint)
-every 2 steps. On 2 ranks, the rank on h2 writes OUT/ready as it begins step 6 and then
-waits: the test kills its host. Alone, the rank on h1 writes OUT/alone as it begins step 9
+every 2 steps. On 2 ranks, with HOW "kill" the rank on h2 writes OUT/ready as it begins
+step 6 and then waits: the test kills its host; with HOW "drop" both ranks write OUT/ready
+as step 5 begins and wait (checking for host updates) while the test drops h2 from the
+host list: h2 leaves alive, at a reset that skips the sync. Alone, the rank on h1 writes OUT/alone as it begins step 9
 and waits (checking for host updates) until h2 is back: the reset takes it in. The process
 on h1 writes OUT/elastic.npz at the end: the loss (the mean over the ranks) and world size of
 each step, the checkpoint each start restored, the final weights.
 
-Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR [LOOP]
+Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR [LOOP [HOW]]
 """
 import json
 import os
@@ -20,8 +22,8 @@ import tensorflow as tf
 from tests.multihost.jobs import watchdog
 
 G, STEPS, LR, EVERY = 32, 12, 0.05, 2
-LOST_AT, REJOINED_AT = 5, 8  # state.step as the step that waits begins
-REJOIN_WAIT = 120  # seconds the rank left alone waits for h2
+KILLED_AT, DROPPED_AT, REJOINED_AT = 5, 4, 8  # state.step as the step that waits begins
+HOSTS_WAIT = 120  # seconds the ranks wait for a change of hosts
 
 
 def build_for(n, x, loop="fit"):
@@ -56,7 +58,7 @@ def custom_step(model, batch, labels) -> float:
 HOST = os.environ.get("HOROVOD_HOSTNAME")
 
 
-def main(src, out, loop="fit"):
+def main(src, out, loop="fit", how="kill"):
     watchdog.start()
     from merlin_models_de import comm
     from merlin_models_de.elastic.state import ShardedState, run
@@ -73,19 +75,25 @@ def main(src, out, loop="fit"):
     def step_begins():
         watchdog.progress()
         # the rank on h2, whichever rank Horovod's elastic driver gave it
-        if comm.size() == 2 and HOST == "h2" and state.step == LOST_AT:
+        if comm.size() == 2 and how == "kill" and HOST == "h2" and state.step == KILLED_AT:
             open(os.path.join(out, "ready"), "w").close()
             while True:  # the test kills this host now
                 time.sleep(1)
                 watchdog.progress()
+        if comm.size() == 2 and how == "drop" and state.step == DROPPED_AT:
+            open(os.path.join(out, "ready"), "w").close()
+            wait_for_new_hosts("h2 was not dropped")  # the test drops h2 from the list now
         if comm.size() == 1 and state.step == REJOINED_AT:
             open(os.path.join(out, "alone"), "w").close()
-            waited = time.monotonic()
-            while time.monotonic() - waited < REJOIN_WAIT:  # the test brings h2 back now
-                state.check_host_updates()  # raises HostsUpdatedInterrupt once it is listed
-                time.sleep(0.2)
-                watchdog.progress()
-            raise RuntimeError(f"h2 was not taken back within {REJOIN_WAIT} s")
+            wait_for_new_hosts("h2 was not taken back")  # the test brings h2 back now
+
+    def wait_for_new_hosts(otherwise):
+        waited = time.monotonic()
+        while time.monotonic() - waited < HOSTS_WAIT:
+            state.check_host_updates()  # raises HostsUpdatedInterrupt (on every rank)
+            time.sleep(0.2)
+            watchdog.progress()
+        raise RuntimeError(f"{otherwise} within {HOSTS_WAIT} s")
 
     def step_ended(loss):
         record["loss"][state.step + 1] = float(np.mean(comm.allgather_object(loss)))
@@ -128,4 +136,4 @@ def main(src, out, loop="fit"):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
