@@ -20,7 +20,7 @@ from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.planner.routing import Routing
-from merlin_models_de.backends.shard_init import for_shard
+from merlin_models_de.backends.shard_init import fill_by_rows, for_shard, row_blocks
 from merlin_models_de.backends.table_lookup import lookup_ids
 from merlin_models_de.backends.wire import from_wire, to_wire
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
@@ -61,23 +61,29 @@ class HorovodBackend(EmbeddingBackend):
                              start=(shard.row_start, shard.col_start), table=shard.table,
                              base_seed=base_seed, shared_seed=shared_seed)
 
+        def add_shard(name, shard, shape):
+            initializer = drawn_like_table(shard, shape)
+            # on several ranks, a large shard is drawn a block of rows at a time, in place
+            blocks = (row_blocks(initializer, shape, self.dtype) if base_seed is not None
+                      else None)
+            var = layer.add_weight(name=name, shape=shape,
+                                   initializer="zeros" if blocks else initializer,
+                                   trainable=trains(shard.table))
+            if blocks:
+                fill_by_rows(var, blocks)
+            return var
+
         for s in self.plan.shards_on(self.rank):
             table = self.plan.table(s.table)
             if s.kind in MODEL_PARALLEL:
                 suffix = f"_c{s.col_start}" if s.cols != table.dim else ""
-                self.mp[s.table] = layer.add_weight(
-                    name=f"mp_{s.table}{suffix}", shape=(s.rows, s.cols),
-                    initializer=drawn_like_table(s, (s.rows, s.cols)),
-                    trainable=trains(s.table))
+                self.mp[s.table] = add_shard(f"mp_{s.table}{suffix}", s, (s.rows, s.cols))
             elif s.kind is ShardingType.DATA_PARALLEL:
                 self.dp[s.table] = layer.add_weight(
                     name=f"dp_{s.table}", shape=(table.rows, table.dim),
                     initializer=initializer(s.table), trainable=trains(s.table))
             else:
-                self.rw[s.table] = layer.add_weight(
-                    name=f"rw_{s.table}", shape=(s.rows, table.dim),
-                    initializer=drawn_like_table(s, (s.rows, table.dim)),
-                    trainable=trains(s.table))
+                self.rw[s.table] = add_shard(f"rw_{s.table}", s, (s.rows, table.dim))
 
         # A rank that sends nothing in an exchange would send a constant, which no gradient
         # tape records; that rank would then skip the exchange's backward all-to-all that

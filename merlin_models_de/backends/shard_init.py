@@ -14,6 +14,9 @@ A rank initializes only its shards, with the shard's shape. Three things keep th
 - Initializers that draw a matrix as one object (``Orthogonal``, ``Identity``) cannot be
   drawn a piece at a time: every rank draws the whole table from the table's seed (the same on
   every rank) and keeps its slice, so the shards are the slices of one whole draw.
+
+On several ranks a large shard with an element-wise initializer is also drawn a block of rows
+at a time, into the variable in place (:func:`row_blocks`): memory, not statistics.
 """
 from __future__ import annotations
 
@@ -22,6 +25,14 @@ import zlib
 import tensorflow as tf
 
 WHOLE_MATRIX = (tf.keras.initializers.Orthogonal, tf.keras.initializers.Identity)
+# values drawn independently per element from a distribution that ignores the shape
+ELEMENTWISE = (tf.keras.initializers.RandomUniform, tf.keras.initializers.RandomNormal,
+               tf.keras.initializers.TruncatedNormal)
+# A shard larger than this is drawn a block of rows at a time. Drawn whole, Keras' uniform
+# holds three shard-sized tensors at once (the draw, its scaling, its shift: 3.0x a 640 MB
+# shard's bytes measured, TF 2.12 CPU); on 4 ranks with one 30M-row table each that draw,
+# not the trained tables, set every rank's peak (docs/benchmarks.md, "Capacity").
+BLOCK_BYTES = 64 << 20
 
 
 def _fan(shape, mode: str) -> float:
@@ -87,3 +98,32 @@ def for_shard(initializer, table_shape, shard_shape, *, start=(0, 0), table="",
     return tf.keras.initializers.VarianceScaling(scale=scale, mode=mode,
                                                  distribution=initializer.distribution,
                                                  seed=initializer.seed)
+
+
+def row_blocks(initializer, shape, dtype, block_bytes: int | None = None):
+    """``[(first row, rows, initializer)]`` that draw a shard of ``shape`` a block of rows at
+    a time, each block from its own seed (derived from the shard's seed and the block's first
+    row); None when the shard is drawn whole: at most ``block_bytes``, an initializer that is
+    not element-wise, or one without a seed (one process, where the draw is the one
+    ``mm.Embeddings`` makes)."""
+    block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
+    rows, cols = (int(d) for d in shape)
+    row_bytes = cols * tf.as_dtype(dtype).size
+    seed = getattr(initializer, "seed", None)
+    if rows * row_bytes <= block_bytes or not isinstance(initializer, ELEMENTWISE) or seed is None:
+        return None
+    per_block = max(1, block_bytes // max(1, row_bytes))
+    return [(first, min(per_block, rows - first),
+             _reseeded(initializer, derived_seed(seed, "rows", first)))
+            for first in range(0, rows, per_block)]
+
+
+def fill_by_rows(variable, blocks) -> None:
+    """Draws each of :func:`row_blocks`' blocks into ``variable`` in place (a block's
+    temporaries at a time). Eager, also when the layer is built while a function is traced:
+    the fill belongs to initialization, not to the traced step."""
+    cols = int(variable.shape[1])
+    with tf.init_scope():
+        for first, rows, initializer in blocks:
+            values = initializer((rows, cols), dtype=variable.dtype)
+            variable.scatter_update(tf.IndexedSlices(values, tf.range(first, first + rows)))

@@ -6,8 +6,13 @@ pipeline at the commands' batch: measured, not derived), its tables with their o
 slots and, where a rank holds every table and Horovod averages their gradients (Merlin's
 data-parallel training: ``sparse_as_dense``), a dense gradient of every table and a quarter
 more for the allreduce's staging (fitted: 1.17-1.25 copies measured at 0.5x-1x Criteo). The
-block's own shards are initialized one at a time and their gradients stay sparse (the rows a
-batch looked up), so neither adds a table-sized term.
+block's gradients stay sparse (the rows a batch looked up): no table-sized term.
+
+Initialization can set the peak instead: a table drawn whole by Keras' uniform holds three
+copies of itself at once (``backends/shard_init.BLOCK_BYTES``), on top of the tables made
+before it. ``mm.Embeddings`` and one process draw tables whole; on several ranks the block
+draws a large shard a block of rows at a time (one copy and a block's temporaries). Before
+that, on 4 ranks with one 30M-row table each, every rank peaked at runtime + 3 copies of it.
 """
 from __future__ import annotations
 
@@ -22,18 +27,28 @@ DENSE_GRADIENT_COPIES = 1.25
 
 
 def rank_peak_bytes(elements: int, optimizer: str, dtype_bytes: int = 4,
-                    dense_gradients: bool = False, runtime: int = RUNTIME_BYTES) -> int:
+                    dense_gradients: bool = False, runtime: int = RUNTIME_BYTES,
+                    drawn_whole: int = 0) -> int:
     """Peak bytes of a rank holding ``elements`` table parameters trained with ``optimizer``
     (its slots are copies); ``dense_gradients``: the tables' gradients are allreduced dense
-    (:data:`DENSE_GRADIENT_COPIES` more copies)."""
+    (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the elements of the largest
+    table initialized in one draw (two more copies of it while drawn, the others made)."""
     copies = 1 + optimizer_slots(optimizer) + (DENSE_GRADIENT_COPIES if dense_gradients else 0)
-    return runtime + int(elements * dtype_bytes * copies)
+    training = runtime + int(elements * dtype_bytes * copies)
+    initializing = runtime + int((elements + 2 * drawn_whole) * dtype_bytes)
+    return max(training, initializing)
 
 
 def plan_peak_bytes(plan: ShardingPlan, optimizer: str, dtype_bytes: int = 4,
                     runtime: int = RUNTIME_BYTES) -> list[int]:
-    """Predicted peak bytes of every rank of ``plan`` (the block's shards), in rank order."""
-    return [rank_peak_bytes(plan.rank_elements(rank), optimizer, dtype_bytes, runtime=runtime)
+    """Predicted peak bytes of every rank of ``plan`` (the block's shards), in rank order
+    (one process draws its tables whole, several ranks by blocks of rows)."""
+    def drawn_whole(rank):
+        shards = plan.shards_on(rank) if plan.world_size == 1 else []
+        return max((s.elements for s in shards), default=0)
+
+    return [rank_peak_bytes(plan.rank_elements(rank), optimizer, dtype_bytes, runtime=runtime,
+                            drawn_whole=drawn_whole(rank))
             for rank in range(plan.world_size)]
 
 
@@ -41,5 +56,6 @@ def replicated_peak_bytes(tables, optimizer: str, world_size: int = 1, dtype_byt
                           runtime: int = RUNTIME_BYTES) -> int:
     """Predicted peak bytes of a rank that holds every table whole (``mm.Embeddings``): one
     process, or each of ``world_size`` > 1 ranks of Merlin's data-parallel training."""
-    return rank_peak_bytes(sum(t.rows * t.dim for t in tables), optimizer, dtype_bytes,
-                           dense_gradients=world_size > 1, runtime=runtime)
+    sizes = [t.rows * t.dim for t in tables]
+    return rank_peak_bytes(sum(sizes), optimizer, dtype_bytes, dense_gradients=world_size > 1,
+                           runtime=runtime, drawn_whole=max(sizes, default=0))

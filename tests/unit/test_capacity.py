@@ -28,8 +28,20 @@ def test_a_ranks_peak_is_runtime_and_tables_with_slots_and_dense_gradients_if_al
     assert rank_peak_bytes(1000, "adam", dtype_bytes=2, runtime=7) == 7 + 3 * 1000 * 2
     assert rank_peak_bytes(1000, "adagrad", dense_gradients=True, runtime=0) == 3.25 * 1000 * 4
     # mm.Embeddings: one process, and each rank of Merlin's data parallel (dense gradients)
-    assert replicated_peak_bytes(tables(100, 50), "adagrad", runtime=0) == 2 * 150 * 4 * 4
-    assert replicated_peak_bytes(tables(100, 50), "sgd", 2, runtime=0) == 2.25 * 150 * 4 * 4
+    assert replicated_peak_bytes(tables(100, 100, 100), "adagrad", runtime=0) == 2 * 300 * 4 * 4
+    assert replicated_peak_bytes(tables(100, 100, 100), "sgd", 2, runtime=0) == 2.25 * 300 * 4 * 4
+
+
+def test_a_table_drawn_whole_can_set_the_peak_while_initializing():
+    # three copies of the table being drawn, on top of those made: above SGD's one copy
+    assert rank_peak_bytes(1000, "sgd", runtime=0, drawn_whole=600) == (1000 + 2 * 600) * 4
+    assert rank_peak_bytes(1000, "adagrad", runtime=0, drawn_whole=400) == 2 * 1000 * 4
+    assert replicated_peak_bytes(tables(100, 10), "sgd", runtime=0) == (110 + 200) * 4 * 4
+    # one process draws its tables whole; several ranks draw large shards by blocks of rows
+    one = plan(tables(100, 10), 1)
+    assert plan_peak_bytes(one, "sgd", runtime=0) == [(110 + 200) * 4 * 4]
+    two = plan(tables(100, 10), 2, strategy="memory_balanced")
+    assert plan_peak_bytes(two, "sgd", runtime=0) == [two.rank_elements(r) * 4 for r in range(2)]
 
 
 def test_a_plans_peaks_follow_its_shards():

@@ -74,3 +74,71 @@ def test_each_shard_gets_its_own_seed_on_several_ranks():
     np.testing.assert_array_equal(first, draw("t", (0, 0)))
     # one process (no base seed): the initializer itself, as mm.Embeddings uses it
     assert for_shard(init, (64, 8), (64, 8)) is init
+
+
+def test_a_large_shard_is_drawn_a_block_of_rows_at_a_time():
+    from merlin_models_de.backends.shard_init import row_blocks
+
+    uniform = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=9)
+    blocks = row_blocks(uniform, (100, 8), tf.float32, block_bytes=32 * 8 * 4)
+    assert [(first, rows) for first, rows, _ in blocks] == [(0, 32), (32, 32), (64, 32), (96, 4)]
+    seeds = [init.seed for _, _, init in blocks]
+    assert len(set(seeds)) == 4 and all(type(init) is type(uniform) for _, _, init in blocks)
+    assert [init.get_config()["maxval"] for _, _, init in blocks] == [0.05] * 4
+    # drawn whole: small enough, a whole-matrix or shape-dependent initializer, no seed
+    assert row_blocks(uniform, (32, 8), tf.float32, block_bytes=32 * 8 * 4) is None
+    assert row_blocks(tf.keras.initializers.Orthogonal(seed=1), (100, 8), tf.float32, 64) is None
+    assert row_blocks(tf.keras.initializers.GlorotUniform(seed=1), (100, 8), tf.float32, 64) is None
+    assert row_blocks(tf.keras.initializers.RandomUniform(), (100, 8), tf.float32, 64) is None
+
+
+def test_blocks_are_filled_in_place_once_also_when_built_inside_a_traced_function():
+    from merlin_models_de.backends.shard_init import fill_by_rows, row_blocks
+
+    uniform = tf.keras.initializers.RandomNormal(stddev=0.1, seed=4)
+    blocks = row_blocks(uniform, (50, 4), tf.float32, block_bytes=16 * 4 * 4)
+    want = np.concatenate([init((rows, 4)).numpy() for _, rows, init in blocks])
+
+    class Table(tf.keras.layers.Layer):
+        def build(self, input_shape):
+            self.table = self.add_weight(name="t", shape=(50, 4), initializer="zeros")
+            fill_by_rows(self.table, blocks)
+
+        def call(self, ids):
+            return tf.gather(self.table, ids)
+
+    layer = Table()
+    step = tf.function(lambda ids: layer(ids))
+    step(tf.constant([0, 49]))  # built while tracing
+    np.testing.assert_array_equal(layer.table.numpy(), want)
+    layer.table.assign_add(tf.ones([50, 4]))
+    step(tf.constant([1]))  # the traced step does not draw again
+    np.testing.assert_array_equal(layer.table.numpy(), want + 1)
+    assert np.abs(want[:16] - want[16:32]).max() > 0.01  # blocks are independent draws
+
+
+def test_drawing_by_blocks_holds_one_copy_of_a_large_shard(tmp_path):
+    """Peak memory of a 640 MB shard: whole, Keras' uniform holds 3 copies at once; by blocks
+    of 64 MB, the variable and one block's temporaries (measured 3.0x against 1.3x)."""
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import resource, sys\n"
+        "import tensorflow as tf\n"
+        "from merlin_models_de.backends.shard_init import fill_by_rows, row_blocks\n"
+        "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "shape, size = (10_000_000, 16), 10_000_000 * 16 * 4\n"
+        "init = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=3)\n"
+        "base = peak()\n"
+        "if sys.argv[1] == 'whole':\n"
+        "    v = tf.Variable(init(shape))\n"
+        "else:\n"
+        "    v = tf.Variable(tf.zeros(shape))\n"
+        "    fill_by_rows(v, row_blocks(init, shape, tf.float32))\n"
+        "print((peak() - base) / size)\n")
+    copies = {how: float(subprocess.run([sys.executable, str(probe), how], check=True,
+                                        capture_output=True, text=True).stdout.split()[-1])
+              for how in ("whole", "blocks")}
+    assert copies["blocks"] < 1.5 < 2.5 < copies["whole"], copies

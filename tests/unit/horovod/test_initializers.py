@@ -61,3 +61,35 @@ def test_orthogonal_split_table_is_one_orthogonal_matrix(hvd):
     build(block)
     tall = block.get_global_weights()["tall"]
     np.testing.assert_allclose(tall.T @ tall, np.eye(16), atol=1e-4)
+
+
+def test_large_shards_are_drawn_by_blocks_of_rows_with_their_own_seeds(hvd, monkeypatch):
+    """Shards above BLOCK_BYTES (here 4 KB) start from zeros and are filled a block of rows
+    at a time: each block is the draw of the shard's initializer reseeded for that block, the
+    halves of the row-split table differ, and the same seed starts the same block again."""
+    from merlin_models_de.backends import shard_init
+
+    monkeypatch.setattr(shard_init, "BLOCK_BYTES", 4096)
+    tables = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(3)
+        block = make_block("uniform")
+        build(block)
+        tables.append(block.get_global_weights())
+    for shard in block.plan.shards_on(comm.rank()):
+        variable, first = block.backend.shard_variable(shard)
+        values = variable.numpy()[first:first + shard.rows]
+        spec = block.plan.table(shard.table)
+        base_seed, shared_seed = block.backend.init_seeds
+        init = shard_init.for_shard(tf.keras.initializers.get("uniform"), (spec.rows, spec.dim),
+                                    (shard.rows, shard.cols), start=(shard.row_start,
+                                    shard.col_start), table=shard.table, base_seed=base_seed,
+                                    shared_seed=shared_seed)
+        blocks = shard_init.row_blocks(init, (shard.rows, shard.cols), tf.float32)
+        assert len(blocks) == -(-shard.rows * shard.cols * 4 // 4096), shard  # 4 KB each
+        want = np.concatenate([b((rows, shard.cols)).numpy() for _, rows, b in blocks])
+        np.testing.assert_array_equal(values, want)
+    tall = tables[0]["tall"]
+    assert np.abs(tall[:2000] - tall[2000:]).max() > 0.01
+    for name in ("wide", "tall"):
+        np.testing.assert_array_equal(tables[0][name], tables[1][name])
