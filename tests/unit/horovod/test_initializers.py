@@ -23,6 +23,17 @@ def build(block):
     block(oracle.select(oracle.global_batch(block.features, block.tables, 8, seed=0), 0, 8))
 
 
+def built_twice_after_the_same_seed():
+    """The second block of two built after set_random_seed(3), and both blocks' tables."""
+    tables = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(3)
+        block = make_block("uniform")
+        build(block)
+        tables.append(block.get_global_weights())
+    return block, tables
+
+
 def test_glorot_shards_span_the_whole_tables_limit(hvd):
     block = make_block("glorot_uniform")
     assert block.plan.kind_of("wide") is ShardingType.COLUMN_WISE
@@ -42,12 +53,7 @@ def test_glorot_shards_span_the_whole_tables_limit(hvd):
 def test_shards_are_independent_after_the_same_seed_on_every_rank(hvd):
     """set_random_seed(3) on both ranks: the halves of each split table still differ (each
     shard has its own seed), and a second block built the same way starts the same."""
-    tables = []
-    for _ in range(2):
-        tf.keras.utils.set_random_seed(3)
-        block = make_block("uniform")
-        build(block)
-        tables.append(block.get_global_weights())
+    block, tables = built_twice_after_the_same_seed()
     wide, tall = tables[0]["wide"], tables[0]["tall"]
     assert np.abs(wide[:, :32] - wide[:, 32:]).max() > 0.01
     assert np.abs(tall[:2000] - tall[2000:]).max() > 0.01
@@ -70,12 +76,7 @@ def test_large_shards_are_drawn_by_blocks_of_rows_with_their_own_seeds(hvd, monk
     from merlin_models_de.backends import shard_init
 
     monkeypatch.setattr(shard_init, "BLOCK_BYTES", 4096)
-    tables = []
-    for _ in range(2):
-        tf.keras.utils.set_random_seed(3)
-        block = make_block("uniform")
-        build(block)
-        tables.append(block.get_global_weights())
+    block, tables = built_twice_after_the_same_seed()
     for shard in block.plan.shards_on(comm.rank()):
         variable, first = block.backend.shard_variable(shard)
         values = variable.numpy()[first:first + shard.rows]
