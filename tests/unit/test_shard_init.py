@@ -1,6 +1,8 @@
 """A shard starts with the distribution of its whole table (fan-based initializers corrected),
 with a seed of its own on several ranks, and whole-matrix initializers give slices of one
 whole draw."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -119,26 +121,33 @@ def test_blocks_are_filled_in_place_once_also_when_built_inside_a_traced_functio
 
 def test_drawing_by_blocks_holds_one_copy_of_a_large_shard(tmp_path):
     """Peak memory of a 640 MB shard: whole, Keras' uniform holds 3 copies at once; by blocks
-    of 64 MB, the variable and one block's temporaries (measured 3.0x against 1.3x)."""
+    of 64 MB, the variable and one block's temporaries (measured 3.0x against 1.3x). The peak
+    is the kernel's VmHWM, reset after the imports (whose own transient, e.g. a first import
+    compiling caches, would otherwise hide what follows)."""
     import subprocess
     import sys
 
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "import resource, sys\n"
+        "import sys\n"
         "import tensorflow as tf\n"
         "from merlin_models_de.backends.shard_init import fill_by_rows, row_blocks\n"
-        "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "def status(key):\n"
+        "    line = next(l for l in open('/proc/self/status') if l.startswith(key))\n"
+        "    return int(line.split()[1]) * 1024\n"
         "shape, size = (10_000_000, 16), 10_000_000 * 16 * 4\n"
         "init = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=3)\n"
-        "base = peak()\n"
+        "open('/proc/self/clear_refs', 'w').write('5')  # the peak starts again from here\n"
+        "base = status('VmRSS:')\n"
         "if sys.argv[1] == 'whole':\n"
         "    v = tf.Variable(init(shape))\n"
         "else:\n"
         "    v = tf.Variable(tf.zeros(shape))\n"
         "    fill_by_rows(v, row_blocks(init, shape, tf.float32))\n"
-        "print((peak() - base) / size)\n")
+        "print((status('VmHWM:') - base) / size)\n")
     copies = {how: float(subprocess.run([sys.executable, str(probe), how], check=True,
                                         capture_output=True, text=True).stdout.split()[-1])
               for how in ("whole", "blocks")}
-    assert copies["blocks"] < 1.5 < 2.5 < copies["whole"], copies
+    assert 0.9 < copies["blocks"] < 1.5 < 2.5 < copies["whole"], copies
