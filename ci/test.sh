@@ -4,7 +4,7 @@
 # the swap. Every stage has a timeout; a stuck rank prints "rank N stuck ..." with its stack and
 # fails the run instead of stalling CI.
 # Two tiers (tests/conftest.py): this runs the CI tier (47 minutes from a clean clone on 2
-# cores: setup 7.6, single-process 12.2, horovodrun 17.3, multi-host 4.3, peer 5.7);
+# cores: setup 4.4, single-process 13.3, horovodrun 18.6, multi-host 5.9, peer 4.3);
 # `bash ci/test.sh --full` (MMDE_FULL=1) runs every test, the costlier parametrizations and
 # Merlin tests marked `full` and the docs' code blocks too (~2.5 hours).
 set -uo pipefail
@@ -59,8 +59,8 @@ run_stage "horovodrun -np $NP tests" \
 # horovodrun in h1 starts ranks over ssh on h1..h3 (tests/multihost; they skip, saying why,
 # where namespaces cannot be made): the hosts themselves, training on 2 hosts against the
 # one-process oracle, checkpoints between 2 hosts and 1 process, a host killed or cut
-# mid-training, elastic recovery (Keras fit, a custom loop, the commands). CI tier: 4.3
-# minutes (one case of each); the full tier about 12.
+# mid-training, elastic recovery and a host taken back (Keras fit, a custom loop, the
+# commands). CI tier: 5.9 minutes (one case of each); the full tier about 14.
 # `down` also clears what a killed run left.
 run_stage "multi-host tests (namespace hosts over ssh)" \
   timeout --kill-after=30 900 python -m pytest tests/multihost \
@@ -68,7 +68,7 @@ run_stage "multi-host tests (namespace hosts over ssh)" \
 bash scripts/netns_hosts.sh down >/dev/null 2>&1 || true
 
 # Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,
-# one process on 2 pytest workers and horovodrun -np 2 (CI tier 5.7 minutes; the full tier
+# one process on 2 pytest workers and horovodrun -np 2 (CI tier 4.3-5.7 minutes; the full tier
 # about 25; ci/peer.sh, tests/peer/).
 run_stage "peer: Merlin Models tests with the swap" bash ci/peer.sh
 
