@@ -75,6 +75,7 @@ def _state_class():
 
         def _rebuild(self):
             """The model for the world size there is now, restored from the last commit."""
+            self.model = None  # the old model's tables are freed before the new ones exist
             self.model = self._build()
             if latest_checkpoint(self.directory) is None:  # first start: rank 0's dense
                 save_checkpoint(self.model, self.directory, step=self.step, keep=self.keep)
