@@ -286,9 +286,15 @@ class _GenericNamesTape:
     def _scaled(self, source, grad):
         if grad is None or not hasattr(source, "ref") or source.ref() not in self._local:
             return grad
-        if isinstance(grad, tf.IndexedSlices):
-            return tf.IndexedSlices(grad.values / self._size, grad.indices, grad.dense_shape)
-        return grad / self._size
+        return divided(grad, self._size)
+
+
+def divided(grad, size: float):
+    """A local (shard) gradient divided by the world size, dense or ``IndexedSlices``: what
+    Horovod's ``scale_local_gradients`` does, done here (see :func:`distributed_tape`)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
 
     def __getattr__(self, attr):
         return getattr(self._tape, attr)

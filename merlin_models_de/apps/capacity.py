@@ -22,13 +22,13 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
 from merlin_models_de.apps.console import quiet_imports
+from merlin_models_de.persistence.files import read_json
 
 MODULE = "merlin_models_de.apps.dlrm"
 
@@ -134,8 +134,7 @@ def run_once(config: dict, scale: float, args, report: str) -> dict:
     result = {"ok": why is None, "why": why, "seconds": seconds, "host_peak": host_peak,
               "rank_peaks": None}
     if why is None:
-        with open(report, encoding="utf-8") as f:
-            rep = json.load(f)
+        rep = read_json(report, "The DLRM command's report")
         result["rank_peaks"] = rep["epochs"][-1]["peak_rss_bytes"]
         result["embedding_bytes"] = rep["epochs"][-1]["embedding_bytes"]
     return result
@@ -212,8 +211,7 @@ def markdown(rows: list[dict]) -> str:
 def _predicted_again(args) -> list[dict]:
     """The rows of the search saved in ``--out``, every prediction made again (the runs'
     measurements unchanged), e.g. after the memory model's runtime was fitted to them."""
-    with open(os.path.join(args.out, "capacity.json"), encoding="utf-8") as f:
-        saved = json.load(f)
+    saved = read_json(os.path.join(args.out, "capacity.json"), "The capacity search")
     vars(args).update({k: v for k, v in saved["config"].items()  # the search's own options
                        if k not in ("out", "predict_again")})
     rows = []

@@ -36,20 +36,12 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad"):
             if mine:
                 wrapped.register_local_var(var)
         size = float(comm.size())
-        return [_divided(grad, size) if mine and grad is not None else grad
+        return [comm.divided(grad, size) if mine and grad is not None else grad
                 for grad, mine in zip(allreduce(grads, variables), local)]
 
     wrapped._allreduce_grads = generic_names  # pylint: disable=protected-access
     wrapped._allreduce = register_then_allreduce  # pylint: disable=protected-access
     return wrapped
-
-
-def _divided(grad, size):
-    import tensorflow as tf
-
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
-    return grad / size
 
 
 def is_horovod_optimizer(optimizer) -> bool:
