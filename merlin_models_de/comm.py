@@ -288,6 +288,9 @@ class _GenericNamesTape:
             return grad
         return divided(grad, self._size)
 
+    def __getattr__(self, attr):
+        return getattr(self._tape, attr)
+
 
 def divided(grad, size: float):
     """A local (shard) gradient divided by the world size, dense or ``IndexedSlices``: what
@@ -295,6 +298,3 @@ def divided(grad, size: float):
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
     return grad / size
-
-    def __getattr__(self, attr):
-        return getattr(self._tape, attr)
