@@ -108,6 +108,8 @@ def _runs(args) -> list[dict]:
                 if backend == "horovod" and i == 0:
                     runs.append({"name": f"{backend}/{strategy}/no-validation", "optimizer": opt,
                                  "ranks": n, "args": place + ["--no-validate-ids"]})
+                    runs.append({"name": f"{backend}/{strategy}/no-ahead", "optimizer": opt,
+                                 "ranks": n, "args": place + ["--no-exchange-ahead"]})
                     runs += [{"name": f"{backend}/{strategy}/{dtype}", "optimizer": opt,
                               "ranks": n, "args": place + ["--exchange-dtype", dtype]}
                              for dtype in filter(None, args.exchange_dtypes.split(","))]

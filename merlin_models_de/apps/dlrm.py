@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     place.add_argument("--data-parallel-threshold", type=int, default=None)
     place.add_argument("--backend", default="auto", choices=BACKEND_NAMES)
     place.add_argument("--no-validate-ids", dest="validate_ids", action="store_false")
+    place.add_argument("--no-exchange-ahead", dest="exchange_ahead", action="store_false",
+                       help="exchange each batch's ids inside its step, not one batch ahead "
+                            "in the input pipeline (--input tf.data)")
     place.add_argument("--exchange-dtype", default=None, choices=EXCHANGE_DTYPES,
                        help="rows and their gradients cross ranks in this dtype (half the "
                             "bytes; horovod backend)")

@@ -78,7 +78,8 @@ def model_for(args, schema):
             column_slice_threshold=args.column_slice_threshold,
             row_slice_threshold=args.row_slice_threshold,
             data_parallel_threshold=args.data_parallel_threshold, backend=args.backend,
-            validate_ids=args.validate_ids, exchange_dtype=args.exchange_dtype)
+            validate_ids=args.validate_ids, exchange_dtype=args.exchange_dtype,
+            exchange_ahead=args.exchange_ahead)
     label = schema.select_by_tag(Tags.BINARY_CLASSIFICATION).column_names
     if len(label) != 1:
         raise ValueError(f"The schema needs exactly one binary target column. Received: {label}")

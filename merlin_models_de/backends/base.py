@@ -29,8 +29,10 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.runtime import agree
+from merlin_models_de.backends.lookahead import Lookahead
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
-from merlin_models_de.backends.validate import check_headers, ids_outside, local_problems
+from merlin_models_de.backends.validate import (batch_size, check_headers, ids_outside,
+                                               local_problems)
 from merlin_models_de.backends.wire import exchange_dtype_name
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_local
@@ -66,6 +68,7 @@ class EmbeddingBackend(abc.ABC):
         self.prefix = "mmde"
         self.dtype = tf.float32  # the layer's variable dtype, set by build()
         self.out_of_range = None  # per-feature counts of unchecked ids, set by build()
+        self.lookahead = None  # the next batch's kept exchange (see lookahead.py), by build()
         self._built = False
 
     @classmethod
@@ -106,6 +109,8 @@ class EmbeddingBackend(abc.ABC):
         self.out_of_range = (tf.Variable(tf.zeros([len(self.features)], tf.int64),
                                          trainable=False, name="out_of_range_ids")
                              if not self.validate_ids and self.world_size > 1 else None)
+        if self.supports_ahead and self.world_size > 1:
+            self.lookahead = Lookahead(self)
         self._built = True
 
     @abc.abstractmethod
@@ -126,33 +131,55 @@ class EmbeddingBackend(abc.ABC):
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def call(self, inputs: list, training: bool = False, problems=()) -> list:
+    def call(self, inputs: list, training: bool = False, problems=(), ahead=None) -> list:
         """Ordered list of ``(ids, row_lengths)`` -> ordered list of outputs.
 
         ``problems``: messages about this rank's inputs found before this call (a missing or
         malformed feature, replaced by a placeholder); they fail every rank after the header
-        exchange, as bad ids do.
+        exchange, as bad ids do. ``ahead``: ``(next inputs, their problems)``, the next batch
+        of a training step (empty after the last; see :mod:`.lookahead`), or None.
         """
         batch = batch_size(inputs)
         if self.out_of_range is not None:
             self.out_of_range.assign_add(ids_outside(inputs, self.features, self.tables))
-        problems, deferred = local_problems(inputs, self.features, self.tables, batch,
-                                            problems, check_ids=self.validate_ids,
-                                            require_samples=self.world_size > 1)
-        header = tf.stack([batch, problems])
+        if ahead is None or self.lookahead is None:
+            header, check = self.header_and_check(inputs, batch, problems)
+            return self.exchange_and_lookup(inputs, batch, header, check, training)
+        received = self.lookahead.this_step(inputs, batch, problems)
+        self.lookahead.next_step(*ahead, after=received[0])
+        return self.exchange_and_lookup(inputs, batch, None, None, training, ahead=received)
+
+    supports_ahead: ClassVar[bool] = False  # can a step exchange the next batch's ids?
+
+    def send_ids(self, inputs: list, header, name: str):
+        """The first exchange alone: ``(received, received_splits)`` (backends whose
+        ``supports_ahead`` is True)."""
+        raise NotImplementedError(f"backend {self.name!r} exchanges ids inside the step only")
+
+    def local_problem_checks(self, inputs, batch, problems=()):
+        """(problem count, deferred checks) of this rank's ``inputs`` (see ``validate``)."""
+        return local_problems(inputs, self.features, self.tables, batch, problems,
+                              check_ids=self.validate_ids, require_samples=self.world_size > 1)
+
+    def header_and_check(self, inputs, batch, problems):
+        """(header, check): this rank's ``[batch size, problem count]`` and the checks to run
+        on every rank's header once the first exchange delivered them."""
+        problems, deferred = self.local_problem_checks(inputs, batch, problems)
 
         def check(received, received_splits):
             return check_headers(received, received_splits, batch, self.rank, self.world_size,
                                  deferred)
 
-        return self.exchange_and_lookup(inputs, batch, header, check, training)
+        return tf.stack([batch, problems]), check
 
     @abc.abstractmethod
     def exchange_and_lookup(self, inputs: list, batch, header, check: Callable,
-                            training: bool) -> list:
+                            training: bool, ahead=None) -> list:
         """The backend's own stages. ``header`` must reach every rank in the first exchange;
         ``check(received, received_splits)`` gives the assertions that must run before any
-        lookup (``received`` holds, per source rank, a segment starting with the header)."""
+        lookup (``received`` holds, per source rank, a segment starting with the header).
+        With ``ahead``, ``(received, received_splits)`` of the first exchange, done and
+        checked (see :meth:`call`), ``header`` and ``check`` are None."""
 
     def exchange_header(self, header, check: Callable) -> list:
         """For backends whose own first exchange cannot carry the header: one allgather."""
@@ -211,12 +238,3 @@ class EmbeddingBackend(abc.ABC):
 def _chunks(rows, row_bytes, chunk_bytes):
     step = max(1, chunk_bytes // max(1, row_bytes))
     return [(lo, min(rows, lo + step)) for lo in range(0, rows, step)]
-
-
-def batch_size(inputs):
-    """This rank's batch size: the first feature's number of samples."""
-    if not inputs:
-        return tf.constant(0, tf.int64)
-    ids, lengths = inputs[0]
-    ref = lengths if lengths is not None else ids
-    return tf.shape(ref, out_type=tf.int64)[0]

@@ -109,11 +109,13 @@ class HorovodBackend(EmbeddingBackend):
 
     # ---- one step -----------------------------------------------------------------------------
 
-    def exchange_and_lookup(self, inputs, batch, header, check, training=False) -> list:
+    def exchange_and_lookup(self, inputs, batch, header, check, training=False,
+                            ahead=None) -> list:
         """The three stages; un-pooled (sequence) features come back as ``[ids, dim]`` rows
         in the order of their flat ids (the block restores the ragged / padded shape)."""
         r, n = self.routing, self.routing.world_size
-        ids_by_lookup, checked, after = self._input_exchange(inputs, batch, header, check)
+        ids_by_lookup, checked, after = self._input_exchange(inputs, batch, header, check,
+                                                             ahead)
         with tf.control_dependencies(checked):
             vectors = self._local_lookup(ids_by_lookup)
             from_owner = self._output_exchange(vectors, batch, after)
@@ -138,9 +140,25 @@ class HorovodBackend(EmbeddingBackend):
         zero = tf.reduce_sum(self.empty_send())
         return [out + tf.cast(zero, out.dtype) for out in outputs]
 
-    def _input_exchange(self, inputs, batch, header, check):
-        """Stage 1. Returns per served lookup its ids from all ranks, the header checks, and
-        ``after``: an int32 zero computed from this exchange's result.
+    supports_ahead = True
+
+    def send_ids(self, inputs, header, name):
+        """The first all-to-all: to each owner, the header then the ids of the one-hot lookups
+        it serves and the row lengths of its multi-hot ones (``(received, received_splits)``)."""
+        r, n = self.routing, self.routing.world_size
+        segments = []
+        for owner in range(n):
+            lookups = r.served[owner]
+            seg = [header] + [inputs[l.feature][0] for l in lookups if not l.multi_hot]
+            seg += [inputs[l.feature][1] for l in lookups if l.multi_hot]
+            segments.append(tf.concat(seg, axis=0))
+        splits = tf.stack([tf.size(s, out_type=tf.int32) for s in segments])
+        return comm.alltoall(tf.concat(segments, 0), splits, name=name)
+
+    def _input_exchange(self, inputs, batch, header, check, ahead=None):
+        """Stage 1 (or, with ``ahead``, its result from the input pipeline). Returns per served
+        lookup its ids from all ranks, the header checks, and ``after``: an int32 zero
+        computed from this exchange's result.
 
         Every later exchange adds ``after`` to its splits (or ids). Horovod's ops are not
         marked stateful, so in graph mode Grappler's constant folding *runs* a collective whose
@@ -150,20 +168,18 @@ class HorovodBackend(EmbeddingBackend):
         collective out of reach of the folding (control dependencies do not).
         """
         r, n = self.routing, self.routing.world_size
-        segments, values, value_splits = [], [], []
+        if ahead is None:
+            received, received_splits = self.send_ids(inputs, header,
+                                                      self.collective_name("ids"))
+            checked = check(received, received_splits)
+        else:
+            (received, received_splits), checked = ahead, []
+        values, value_splits = [], []
         for owner in range(n):
-            lookups = r.served[owner]
-            seg = [header] + [inputs[l.feature][0] for l in lookups if not l.multi_hot]
-            seg += [inputs[l.feature][1] for l in lookups if l.multi_hot]
-            segments.append(tf.concat(seg, axis=0))
-            vals = [inputs[l.feature][0] for l in lookups if l.multi_hot]
+            vals = [inputs[l.feature][0] for l in r.served[owner] if l.multi_hot]
             values += vals
             value_splits.append(sum(tf.size(v, out_type=tf.int64) for v in vals)
                                 if vals else tf.constant(0, tf.int64))
-        splits = tf.stack([tf.size(s, out_type=tf.int32) for s in segments])
-        received, received_splits = comm.alltoall(tf.concat(segments, 0), splits,
-                                                  name=self.collective_name("ids"))
-        checked = check(received, received_splits)
         # 0, but only known once the exchange ran (Grappler folds tf.size of its output)
         after = tf.minimum(tf.reduce_min(tf.cast(received_splits, tf.int32)), 0)
         with tf.control_dependencies(checked):

@@ -91,6 +91,15 @@ def local_problems(inputs, features, tables, batch, problems=(), check_ids=True,
     return static + n_bad + n_odd, deferred + odd_checks
 
 
+def batch_size(inputs):
+    """This rank's batch size: the first feature's number of samples."""
+    if not inputs:
+        return tf.constant(0, tf.int64)
+    ids, lengths = inputs[0]
+    ref = lengths if lengths is not None else ids
+    return tf.shape(ref, out_type=tf.int64)[0]
+
+
 def ids_outside(inputs, features, tables):
     """Per feature, how many of its ids lie outside its table: what ``validate_ids=False``
     lets through (a row-sliced table reads zero rows for them), counted so it is reported."""

@@ -19,6 +19,7 @@ from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json
 from merlin_models_de import comm, compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
+from merlin_models_de.block import ahead
 from merlin_models_de.block import regularization as reg
 from merlin_models_de.block.notices import one_rank_notice
 from merlin_models_de.backends.lookup import sequence_output
@@ -88,6 +89,10 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             one process rounds them the same, so it still reproduces N ranks. Rows of
             data-parallel and row-sliced tables are not rounded. None (default): the
             block's dtype. ``horovod`` backend only.
+        exchange_ahead: With ``fit``'s ``tf.data`` input on several ranks (``horovod``
+            backend), each training step sends the next batch's ids beside its own work and
+            the next step starts from them: one exchange less before its lookups
+            (:mod:`merlin_models_de.block.ahead`). Default True; the result is the same.
 
     Example:
         >>> emb = DistributedEmbeddings(schema, dim=16)  # doctest: +SKIP
@@ -104,7 +109,7 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
                  l2_batch_regularization_factor=0.0, input_length=None, strategy="basic",
                  column_slice_threshold=None, row_slice_threshold=None,
                  data_parallel_threshold=None, backend="auto", validate_ids=True,
-                 exchange_dtype=None, name="embeddings", **kwargs):
+                 exchange_dtype=None, exchange_ahead=True, name="embeddings", **kwargs):
         compat.ensure_supported()
         _check_unsupported(activity_regularizer=activity_regularizer, table_cls=table_cls,
                            pre=pre, post=post, aggregation=aggregation, kwargs=kwargs)
@@ -141,6 +146,10 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.backend_name = resolve(backend, self.features, self.exchange_dtype)
         self.validate_ids = validate_ids
+        if not isinstance(exchange_ahead, bool):
+            raise ValueError(f"exchange_ahead must be True or False. Received: "
+                             f"exchange_ahead={exchange_ahead!r}")
+        self.exchange_ahead = exchange_ahead  # see block/ahead.py
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         self.plan = make_plan(self.tables, self.world_size, **self.options)
@@ -203,7 +212,12 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         if problems and self.world_size == 1:
             raise ValueError(problems[0])  # nobody to wait for: fail at once
         # on several ranks a problem travels in the first exchange, so every rank fails
-        outputs = self.backend.call(ordered, training=training, problems=problems)
+        # a training step's next batch: this step sends its ids (see block/ahead.py)
+        following = ahead.take(self, inputs) if selected is None else None
+        if following is not None:
+            following = ordered_inputs(following, self.features)
+        outputs = self.backend.call(ordered, training=training, problems=problems,
+                                    ahead=following)
         dims = {t.name: t.dim for t in self.tables}
         # (a feature missing here has already failed every rank in the exchange's checks)
         result = {f.name: sequence_output(out, inputs[f.name], dims[f.table])
@@ -263,7 +277,8 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             trainable=trainable_config(self, _plain(self._trainable_option)),
             l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
             input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids,
-            exchange_dtype=self.exchange_dtype, **self.options)
+            exchange_dtype=self.exchange_dtype, exchange_ahead=self.exchange_ahead,
+            **self.options)
         return config
 
     @classmethod

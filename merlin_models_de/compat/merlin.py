@@ -19,7 +19,10 @@ def install_merlin_hooks(hooks) -> None:
     ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
     ``predict``), ``rank_loader(method, data, batch_size, shuffle, loader_kwargs)`` (a
     Merlin ``Dataset`` given to them, as a ``Loader``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
-    ``rebuild_scope()`` (a context around every model class's ``from_config``).
+    ``rebuild_scope()`` (a context around every model class's ``from_config``),
+    ``fit_input(model, x)`` (the training data ``fit`` reads, for models whose class keeps
+    Merlin's ``train_step``) and ``step_inputs(model, data)`` (a context around each traced
+    ``train_step`` that yields the data the step sees).
     """
     ensure_supported()
     from merlin.models.tf.models import base as merlin_base
@@ -30,6 +33,7 @@ def install_merlin_hooks(hooks) -> None:
     compile_, evaluate_ = model_cls.compile, model_cls.evaluate
     fit_, predict_ = model_cls.fit, model_cls.predict
     add_callbacks = model_cls._add_horovod_callbacks  # pylint: disable=protected-access
+    train_step_ = model_cls.train_step
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
         if not hooks.active(self):
@@ -51,7 +55,13 @@ def install_merlin_hooks(hooks) -> None:
             x, args, kwargs = _loaders_first(fit_, hooks, "fit", self, x, args, kwargs)
             hooks.check_batches(self, "fit", x, kwargs.get("steps_per_epoch"))
             hooks.before_fit(self)
+            if type(self).train_step is train_step:  # a subclass's own step would not unpack it
+                x = hooks.fit_input(self, x)
         return fit_(self, x, *args, **kwargs)
+
+    def train_step(self, data):
+        with hooks.step_inputs(self, data) as data:
+            return train_step_(self, data)
 
     def predict(self, x, *args, **kwargs):
         if hooks.active(self):
@@ -65,6 +75,7 @@ def install_merlin_hooks(hooks) -> None:
 
     model_cls.compile, model_cls.evaluate = compile, evaluate
     model_cls.fit, model_cls.predict = fit, predict
+    model_cls.train_step = train_step
     model_cls._add_horovod_callbacks = _add_horovod_callbacks  # pylint: disable=protected-access
     for cls in [c for c in vars(merlin_base).values()
                 if isinstance(c, type) and issubclass(c, model_cls) and "save" in c.__dict__]:

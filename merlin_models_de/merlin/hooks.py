@@ -13,7 +13,8 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
 - fit / evaluate / predict: a Merlin ``Dataset`` given to them is read by a ``Loader`` made
   under the data rules (a partition a rank at least, ``drop_last=True`` unless given), and
   every rank is checked to run the same number of equal batches before the first step.
-- fit: Merlin's broadcast callback is replaced by one that skips local variables and slots;
+- fit: with a ``tf.data`` input each step also sends the next batch's ids
+  (:mod:`merlin_models_de.block.ahead`); Merlin's broadcast callback is replaced by one that skips local variables and slots;
   with ``validate_ids=False`` the epoch's ids outside their tables are reported
   (:mod:`merlin_models_de.merlin.id_report`).
 - evaluate: metric states are summed over ranks, so results equal one process's.
@@ -37,6 +38,7 @@ from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.persistence.export import save_single_process
+from merlin_models_de.block import ahead
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
 from merlin_models_de.merlin.id_report import report_for
@@ -220,6 +222,14 @@ class MerlinHooks:
             keras_compat.create_optimizer_slots(optimizer, model.trainable_variables)
         except NotImplementedError:
             pass  # an optimizer whose state Keras cannot create ahead: left to the step
+
+    @staticmethod
+    def fit_input(model, data):
+        """A ``tf.data`` input brings each step the next batch's ids, to exchange ahead."""
+        ahead.forget(model)
+        return ahead.pipelined(model, data)
+
+    step_inputs = staticmethod(ahead.stashed)  # the exchanged ids, out of the batch
 
     @staticmethod
     def evaluate(original, model, *args, **kwargs):

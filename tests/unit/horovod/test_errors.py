@@ -169,3 +169,40 @@ def test_without_id_validation_fit_reports_the_ids_outside_their_tables(hvd, cap
     else:
         assert "ids outside their tables" not in err
     still_in_step()
+
+
+class _Steps(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.done = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.done += 1
+
+
+def test_a_bad_id_exchanged_a_step_ahead_fails_its_own_step_on_every_rank(hvd):
+    """fit with a tf.data input: step i sends batch i+1's ids (block/ahead.py). A bad id in
+    rank 1's third batch is found by step 2 and fails step 3, on both ranks, naming it on
+    rank 1; the two steps before train, and fit works again on good data."""
+    from tests.unit.horovod import fit_common as fc
+
+    model = fc.build_model({"strategy": "memory_balanced"})
+    x, y = fc.split_xy(fc.make_data(32, seed=comm.rank()), {})
+    good = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    if comm.rank() == 1:
+        x = {k: v.copy() for k, v in x.items()}
+        x["C1"][2 * 8 + 3, 0] = 10**6
+        message = (r"(?s)An id is outside its table\. Received: feature=.*C1.*id=.*1000000"
+                   r".*rows=")
+    else:
+        message = r"(?s)Invalid input on another rank \(this is rank 0\).*\[0 1\]"
+    model.compile(optimizer="sgd")
+    steps = _Steps()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), verbose=0,
+                  callbacks=[steps])
+    assert steps.done == 2
+    still_in_step()
+    history = model.fit(good, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    still_in_step()

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.registry import is_importable
+from merlin_models_de.block import ahead
 from merlin_models_de.variables import embedding_blocks
 from tests.unit.helpers import TFLogRecords
 from tests.unit.horovod import fit_common as fc
@@ -62,13 +63,16 @@ DE = pytest.mark.skipif(not is_importable("distributed-embeddings"),
 
 # (adam with memory_optimized left to test_checkpoint's resume oracle and the block-level
 # oracles of test_oracle.py: each fit oracle here costs about a minute of CI)
-@pytest.mark.parametrize("optimizer, strategy, column, backend", [
-    pytest.param("sgd", "basic", None, "horovod", marks=pytest.mark.full),
-    ("adagrad", "memory_balanced", 4000, "horovod"),
-    pytest.param("adagrad", "memory_optimized", 4000, "distributed-embeddings", marks=DE),
-    pytest.param("adam", "basic", None, "distributed-embeddings", marks=DE)])
+# feed "tf.data": fit reads a tf.data.Dataset, whose id exchange runs one batch ahead in the
+# input pipeline (block/ahead.py); "numpy": Keras batches the arrays, the step exchanges
+@pytest.mark.parametrize("optimizer, strategy, column, backend, feed", [
+    pytest.param("sgd", "basic", None, "horovod", "numpy", marks=pytest.mark.full),
+    ("adagrad", "memory_balanced", 4000, "horovod", "tf.data"),
+    pytest.param("adagrad", "memory_optimized", 4000, "distributed-embeddings", "tf.data",
+                 marks=DE),
+    pytest.param("adam", "basic", None, "distributed-embeddings", "numpy", marks=DE)])
 def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer, strategy, column,
-                                                backend):
+                                                backend, feed):
     spec = dict(optimizer=optimizer, lr=0.05, strategy=strategy, column=column,
                 world_size=comm.size(), per_rank=PER_RANK, backend=backend)
     ref, model, rows, x_mine, y_mine = started_like_reference(spec, tmp_path_factory, seed=3)
@@ -76,9 +80,16 @@ def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer
     np.testing.assert_allclose(before, ref["predictions_before"][rows], rtol=1e-5, atol=1e-6)
     model.compile(optimizer=fc.optimizer(optimizer, spec["lr"]))  # Merlin scales lr by n
     losses = fc.LossRecorder()
+    if feed == "tf.data":
+        train = tf.data.Dataset.from_tensor_slices((x_mine, y_mine)).batch(PER_RANK)
+        fit_args, fit_kwargs = (train,), {}
+    else:
+        fit_args, fit_kwargs = (x_mine, y_mine), dict(batch_size=PER_RANK, shuffle=False)
     with TFLogRecords() as log:
-        model.fit(x_mine, y_mine, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
-                  callbacks=[losses])
+        model.fit(*fit_args, epochs=1, verbose=0, callbacks=[losses], **fit_kwargs)
+    block, = embedding_blocks(model)
+    # the traced step read the ids the pipeline exchanged (the horovod backend only)
+    assert ahead.uses(block) == (feed == "tf.data" and backend == "horovod")
     # every variable gets a gradient on every rank (the exchange anchor reads an exact 0)
     assert not [m for m in log.messages if "Gradients do not exist" in m], log.messages
     # the optimizer's slots existed before the step: Keras traced it once, not twice
