@@ -148,9 +148,11 @@ class RestOfEpoch(tf.keras.utils.Sequence):
 
 def epoch_batches(data, steps: int):
     """``data`` as ``fit`` takes it for ``steps`` steps an epoch: a ``tf.data`` pipeline cut to
-    exactly ``steps`` batches (Keras then starts it over at each epoch; with more batches it
-    would go on where the last epoch stopped), a Merlin ``Loader`` as it is."""
-    return data.take(steps) if isinstance(data, tf.data.Dataset) else data
+    its first ``steps`` batches and repeated (``fit`` then reads one iterator for every epoch:
+    the input reads the next epoch's first batches while this one ends and validates, instead
+    of starting over, on each rank apart, at the next epoch's first step), a Merlin ``Loader``
+    as it is."""
+    return data.take(steps).repeat() if isinstance(data, tf.data.Dataset) else data
 
 
 def rest_of_epoch(data, done: int, steps: int):
