@@ -146,7 +146,7 @@ class EmbeddingBackend(abc.ABC):
             header, check = self.header_and_check(inputs, batch, problems)
             return self.exchange_and_lookup(inputs, batch, header, check, training)
         received = self.lookahead.this_step(inputs, batch, problems)
-        self.lookahead.next_step(*ahead, after=received[0])
+        self.lookahead.next_step(*ahead, after=received)
         return self.exchange_and_lookup(inputs, batch, None, None, training, ahead=received)
 
     supports_ahead: ClassVar[bool] = False  # can a step exchange the next batch's ids?

@@ -65,8 +65,12 @@ class Lookahead:
         return received, splits
 
     def next_step(self, inputs, problems, after) -> None:
-        """Sends the next batch's ids and keeps what arrives; ``after``: this step's received
-        ids (read before they are overwritten).
+        """Sends the next batch's ids and keeps what arrives; ``after``: this step's
+        ``(received, splits)`` from :meth:`this_step`, checked.
+
+        The send waits for this step's checks (a data dependency on their result): a step
+        whose batch fails them fails on every rank before any rank sends, so no rank is left
+        with a half-run collective that the next one would meet.
 
         Every step sends, also after the last batch (an empty one): ranks whose data ends at
         different steps (``steps_per_epoch`` below one rank's batches) still run the same
@@ -75,11 +79,12 @@ class Lookahead:
         b = self.backend
         batch = batch_size(inputs)
         count, deferred = b.local_problem_checks(inputs, batch, problems)
-        received, splits = b.send_ids(inputs, tf.stack([batch, count]),
+        checked = tf.minimum(tf.reduce_min(tf.cast(after[1], batch.dtype)), 0)  # 0, once checked
+        received, splits = b.send_ids(inputs, tf.stack([batch, count]) + checked,
                                       b.collective_name("ids_next"))
         ok, message = first_problem(deferred)
         sizes = tf.gather(received, tf.cumsum(tf.cast(splits, tf.int64), exclusive=True))
-        with tf.control_dependencies([after]):
+        with tf.control_dependencies([after[0]]):
             self.received.assign(received)
             self.splits.assign(splits)
             self.ok.assign(ok)
