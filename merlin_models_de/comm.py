@@ -127,14 +127,6 @@ def alltoall(tensor, splits, name=None):
         return h.alltoall(tensor, splits=splits)
     received_splits = []
 
-    def move(x, sizes, op_name):
-        # Horovod's all-to-all has no bfloat16; it only moves bytes, so move the bits
-        if x.dtype != tf.bfloat16:
-            return h.alltoall(x, splits=sizes, name=op_name, ignore_name_scope=bool(op_name))
-        out, rsplits = h.alltoall(tf.bitcast(x, tf.uint16), splits=sizes, name=op_name,
-                                  ignore_name_scope=bool(op_name))
-        return tf.bitcast(out, tf.bfloat16), rsplits
-
     @tf.custom_gradient
     def exchange(x):
         out, rsplits = move(x, splits, name)
@@ -148,6 +140,19 @@ def alltoall(tensor, splits, name=None):
 
     out = exchange(tensor)
     return out, received_splits[0]
+
+
+def move(tensor, splits, name=None):
+    """:func:`alltoall` without a gradient: ``(received, received_splits)``."""
+    h = hvd()
+    if h is None or h.size() == 1:
+        return tensor, splits
+    # Horovod's all-to-all has no bfloat16; it only moves bytes, so move the bits
+    if tensor.dtype != tf.bfloat16:
+        return h.alltoall(tensor, splits=splits, name=name, ignore_name_scope=bool(name))
+    out, rsplits = h.alltoall(tf.bitcast(tensor, tf.uint16), splits=splits, name=name,
+                              ignore_name_scope=bool(name))
+    return tf.bitcast(out, tf.bfloat16), rsplits
 
 
 def allgather(tensor, name=None):

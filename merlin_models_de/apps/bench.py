@@ -110,6 +110,8 @@ def _runs(args) -> list[dict]:
                                  "ranks": n, "args": place + ["--no-validate-ids"]})
                     runs.append({"name": f"{backend}/{strategy}/no-ahead", "optimizer": opt,
                                  "ranks": n, "args": place + ["--no-exchange-ahead"]})
+                    runs.append({"name": f"{backend}/{strategy}/no-merge", "optimizer": opt,
+                                 "ranks": n, "args": place + ["--no-merge-backward"]})
                     runs += [{"name": f"{backend}/{strategy}/{dtype}", "optimizer": opt,
                               "ranks": n, "args": place + ["--exchange-dtype", dtype]}
                              for dtype in filter(None, args.exchange_dtypes.split(","))]

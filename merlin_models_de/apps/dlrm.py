@@ -81,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
     place.add_argument("--no-exchange-ahead", dest="exchange_ahead", action="store_false",
                        help="exchange each batch's ids inside its step, not one batch ahead "
                             "in the input pipeline (--input tf.data)")
+    place.add_argument("--no-merge-backward", dest="merge_backward", action="store_false",
+                       help="send the rows' gradients back in their own all-to-all, then "
+                            "allreduce the dense gradients (two rounds, not one)")
     place.add_argument("--exchange-dtype", default=None, choices=EXCHANGE_DTYPES,
                        help="rows and their gradients cross ranks in this dtype (half the "
                             "bytes; horovod backend)")

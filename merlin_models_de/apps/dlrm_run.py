@@ -79,7 +79,7 @@ def model_for(args, schema):
             row_slice_threshold=args.row_slice_threshold,
             data_parallel_threshold=args.data_parallel_threshold, backend=args.backend,
             validate_ids=args.validate_ids, exchange_dtype=args.exchange_dtype,
-            exchange_ahead=args.exchange_ahead)
+            exchange_ahead=args.exchange_ahead, merge_backward=args.merge_backward)
     label = schema.select_by_tag(Tags.BINARY_CLASSIFICATION).column_names
     if len(label) != 1:
         raise ValueError(f"The schema needs exactly one binary target column. Received: {label}")

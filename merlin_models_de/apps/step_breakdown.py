@@ -13,6 +13,9 @@ after a few warm-up calls, every rank at once (ranks start each piece together):
   and of their gradients, with the step's sizes;
 - ``dense_allreduce``: one allreduce per allreduced (non-local) gradient, as Horovod's
   optimizer issues them (Horovod fuses them the same way);
+- ``merged_backward`` (in place of the two above, with ``merge_backward`` on, the
+  default): the one all-to-all of the rows' gradients and the dense ones
+  (``backends/deferred.py``), with the step's sizes;
 - ``validation``: the block's id checks (ids inside their tables, batch sizes);
 - ``loader``: the input (``--input``: the tf.data pipeline or Merlin's loader) making the next
   batch (in ``fit`` it runs beside the step, in Keras' data thread, on the same cores: not a
@@ -44,7 +47,7 @@ import time
 
 PARTS = ("distributed", "compute")
 EXCHANGES = ("ids_exchange", "vectors_forward", "vectors_backward", "dense_allreduce",
-             "validation")
+             "merged_backward", "validation")
 
 
 def _parser():
@@ -137,17 +140,22 @@ def distributed_pieces(args) -> dict:
     fwd_split = tf.constant([b * widths[me]] * n, tf.int32)  # I send my rows to everyone
     bwd_split = tf.constant([b * w for w in widths], tf.int32)  # gradients go to the owners
     exchange = tf.function(lambda t, s, name: comm.alltoall(t, s, name=name)[0])
+    dense = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables if not is_local(v)]
+    merged_split = bwd_split + sum(t.shape.num_elements() for t in dense)
     sizes = {"ids_exchange": (ids, ids_split),
-             "vectors_forward": (tf.zeros([int(fwd_split.numpy().sum())]), fwd_split),
-             "vectors_backward": (tf.zeros([int(bwd_split.numpy().sum())]), bwd_split)}
+             "vectors_forward": (tf.zeros([int(fwd_split.numpy().sum())]), fwd_split)}
+    if block.merge_backward:
+        sizes["merged_backward"] = (tf.zeros([int(merged_split.numpy().sum())]), merged_split)
+    else:
+        sizes["vectors_backward"] = (tf.zeros([int(bwd_split.numpy().sum())]), bwd_split)
     for piece, (tensor, split) in sizes.items():
         out[piece] = _timed(lambda t, s, p=piece: exchange(t, s, f"mmde_breakdown_{p}"),
                             (tensor, split), args, piece)
 
-    dense = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables if not is_local(v)]
-    reduce_all = tf.function(lambda *grads: [
-        comm.allreduce(g, name=f"mmde_breakdown_dense_{i}") for i, g in enumerate(grads)])
-    out["dense_allreduce"] = _timed(reduce_all, dense, args, "dense")
+    if not block.merge_backward:
+        reduce_all = tf.function(lambda *grads: [
+            comm.allreduce(g, name=f"mmde_breakdown_dense_{i}") for i, g in enumerate(grads)])
+        out["dense_allreduce"] = _timed(reduce_all, dense, args, "dense")
 
     tables = backend.tables
 
@@ -163,7 +171,7 @@ def distributed_pieces(args) -> dict:
     out["call_overhead"] = _timed(tf.function(lambda t: t + 1), (tf.constant(0.0),), args,
                                   "overhead")
     bytes_ = {"ids_exchange": ids.shape[0] * 8, "vectors_forward": sizes[
-        "vectors_forward"][0].shape[0] * 4, "dense_allreduce": sum(
+        "vectors_forward"][0].shape[0] * 4, "dense_gradients": sum(
             t.shape.num_elements() * t.dtype.size for t in dense)}
     return {"pieces": out, "bytes_sent_per_rank": bytes_, "dense_gradients": len(dense)}
 
@@ -225,15 +233,15 @@ def combine(distributed: dict, compute: dict, fit_step: float | None = None,
 
     Example:
         >>> t = lambda s: {"median": s, "min": s, "max": s}
-        >>> d = {"pieces": {"step": t(10.0), "call_overhead": t(0.5),
-        ...                 **{p: t(1.5) for p in EXCHANGES}}}
+        >>> d = {"pieces": {"step": t(10.0), "call_overhead": t(0.5), **{p: t(1.5) for p in (
+        ...     "ids_exchange", "vectors_forward", "merged_backward", "validation")}}}
         >>> combine(d, {"pieces": {"compute": t(3.0)}})["other_waiting"]
-        2.0
+        3.0
     """
     med = lambda p: p["median"]  # noqa: E731
     d, over = distributed["pieces"], med(distributed["pieces"]["call_overhead"])
     parts = {"compute": med(compute["pieces"]["compute"])}
-    parts.update({p: max(0.0, med(d[p]) - over) for p in EXCHANGES})
+    parts.update({p: max(0.0, med(d[p]) - over) for p in EXCHANGES if p in d})
     step = med(d["step"])
     gap = step - sum(parts.values())
     fit = None
@@ -254,6 +262,7 @@ LABELS = {"compute": "compute (fwd+bwd+update, no collective)",
           "vectors_forward": "row exchange forward (all-to-all)",
           "vectors_backward": "row exchange backward (all-to-all)",
           "dense_allreduce": "dense gradient allreduce",
+          "merged_backward": "rows backward and dense average (one all-to-all)",
           "validation": "id validation"}
 
 

@@ -69,6 +69,9 @@ class EmbeddingBackend(abc.ABC):
         self.dtype = tf.float32  # the layer's variable dtype, set by build()
         self.out_of_range = None  # per-feature counts of unchecked ids, set by build()
         self.lookahead = None  # the next batch's kept exchange (see lookahead.py), by build()
+        # the rows' backward may wait for the optimizer, merged with the dense average
+        # (deferred.py; backends that support it read this; the block's merge_backward)
+        self.merge_backward = True
         self._built = False
 
     @classmethod

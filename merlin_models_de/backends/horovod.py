@@ -17,6 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends import deferred
 from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.planner.routing import Routing
@@ -117,8 +118,10 @@ class HorovodBackend(EmbeddingBackend):
         ids_by_lookup, checked, after = self._input_exchange(inputs, batch, header, check,
                                                              ahead)
         with tf.control_dependencies(checked):
-            vectors = self._local_lookup(ids_by_lookup)
-            from_owner = self._output_exchange(vectors, batch, after)
+            with deferred.recording(self._pooled_shards(), training and self.merge_backward
+                                    ) as recorded:
+                vectors = self._local_lookup(ids_by_lookup)
+                from_owner = self._output_exchange(vectors, batch, after, recorded)
             if any(r.sequences(j) for j in range(n)):
                 self._sequence_exchange(vectors, inputs, from_owner, after)
             outputs = []
@@ -230,7 +233,17 @@ class HorovodBackend(EmbeddingBackend):
                 out.append(named_gather(var, ids, name))
         return out
 
-    def _output_exchange(self, vectors, batch, after):
+    def _pooled_shards(self) -> list:
+        """This rank's trainable shards that pooled lookups read (their rows' backward may
+        wait for the optimizer: see :mod:`.deferred`)."""
+        found = {}
+        for l in self.routing.served[self.rank]:
+            var = self.mp[l.shard.table]
+            if not l.sequence and var.trainable:
+                found[var.ref()] = var
+        return list(found.values())
+
+    def _output_exchange(self, vectors, batch, after, recorded=None):
         """Stage 3: per owner, ``{served index: [B, cols]}`` for this rank's samples.
 
         Each owner's message to a rank is lookup-major (all of lookup 0's ``[B, cols]``, then
@@ -244,13 +257,14 @@ class HorovodBackend(EmbeddingBackend):
             return out
         b = tf.cast(batch, tf.int32)
         pooled = [v for v, l in zip(vectors, r.served[self.rank]) if not l.sequence]
-        if pooled:  # each [N*B, cols], rank-major rows
-            flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled], axis=1), [-1])
-        else:
-            flat = self.empty_send()
-        received, _ = comm.alltoall(to_wire(flat, self.exchange_dtype),
-                                    tf.fill([n], b * widths[self.rank]) + after,
-                                    name=self.collective_name("vectors"))
+        # the anchor's empty piece: the send is recorded also where the shards are frozen
+        anchor = tf.reshape(self.empty_send(), [n, 0])
+        # each [N*B, cols], rank-major rows
+        flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled] + [anchor],
+                                    axis=1), [-1])
+        received, _ = deferred.exchange(to_wire(flat, self.exchange_dtype),
+                                        tf.fill([n], b * widths[self.rank]) + after,
+                                        self.collective_name("vectors"), recorded)
         received = from_wire(received, self.dtype)
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
             mine = [(k, l.shard.cols) for k, l in enumerate(r.served[j]) if not l.sequence]

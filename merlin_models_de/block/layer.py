@@ -93,6 +93,11 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             backend), each training step sends the next batch's ids beside its own work and
             the next step starts from them: one exchange less before its lookups
             (:mod:`merlin_models_de.block.ahead`). Default True; the result is the same.
+        merge_backward: In a training step on several ranks (``horovod`` backend), the
+            rows' gradients go back to their owners in the same all-to-all that averages
+            the dense gradients, one round instead of two, when the model's optimizer is
+            the one ``compile`` makes (:mod:`merlin_models_de.backends.deferred`). Default
+            True; the result is the same.
 
     Example:
         >>> emb = DistributedEmbeddings(schema, dim=16)  # doctest: +SKIP
@@ -109,7 +114,8 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
                  l2_batch_regularization_factor=0.0, input_length=None, strategy="basic",
                  column_slice_threshold=None, row_slice_threshold=None,
                  data_parallel_threshold=None, backend="auto", validate_ids=True,
-                 exchange_dtype=None, exchange_ahead=True, name="embeddings", **kwargs):
+                 exchange_dtype=None, exchange_ahead=True, merge_backward=True,
+                 name="embeddings", **kwargs):
         compat.ensure_supported()
         _check_unsupported(activity_regularizer=activity_regularizer, table_cls=table_cls,
                            pre=pre, post=post, aggregation=aggregation, kwargs=kwargs)
@@ -146,17 +152,19 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.backend_name = resolve(backend, self.features, self.exchange_dtype)
         self.validate_ids = validate_ids
-        if not isinstance(exchange_ahead, bool):
-            raise ValueError(f"exchange_ahead must be True or False. Received: "
-                             f"exchange_ahead={exchange_ahead!r}")
+        for option, value in (("exchange_ahead", exchange_ahead),
+                              ("merge_backward", merge_backward)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{option} must be True or False. Received: "
+                                 f"{option}={value!r}")
         self.exchange_ahead = exchange_ahead  # see block/ahead.py
+        self.merge_backward = merge_backward  # see backends/deferred.py
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         self.plan = make_plan(self.tables, self.world_size, **self.options)
         one_rank_notice(self.world_size)  # once per process: nothing is split here
         reg.check_regularizers(self.table_regularizers, self.plan)
-        self.backend = create(self.backend_name, self.plan, self.features, self.rank,
-                              validate_ids=validate_ids, exchange_dtype=self.exchange_dtype)
+        self.backend = self._new_backend()
         if self.backend_name != "horovod" and len(set(self.table_trainable.values())) > 1:
             frozen = sorted(t for t, on in self.table_trainable.items() if not on)
             raise NotImplementedError(
@@ -278,7 +286,7 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
             input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids,
             exchange_dtype=self.exchange_dtype, exchange_ahead=self.exchange_ahead,
-            **self.options)
+            merge_backward=self.merge_backward, **self.options)
         return config
 
     @classmethod
@@ -298,8 +306,14 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
                              f"'{self.name}' has tables {[t.name for t in self.tables]}"
                              f"{' and is built' if self.built else ''}.")
         self.plan = placed_like(plan, table, self.tables[0])
-        self.backend = create(self.backend_name, self.plan, self.features, self.rank,
-                              validate_ids=self.validate_ids, exchange_dtype=self.exchange_dtype)
+        self.backend = self._new_backend()
+
+    def _new_backend(self):
+        """The backend of ``self.plan`` with the block's options."""
+        backend = create(self.backend_name, self.plan, self.features, self.rank,
+                         validate_ids=self.validate_ids, exchange_dtype=self.exchange_dtype)
+        backend.merge_backward = self.merge_backward
+        return backend
 
     # the compiled model's optimizer: its name and extra copies per parameter (plain values,
     # which Keras does not track); set by the compile hook (merlin/hooks.py)

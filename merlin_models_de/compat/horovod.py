@@ -5,12 +5,17 @@ from __future__ import annotations
 from merlin_models_de import comm
 from merlin_models_de.compat.versions import ensure_supported
 
-def distributed_optimizer(optimizer, is_local, prefix="mmde_grad"):
+def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
     """``hvd.DistributedOptimizer`` around ``optimizer`` that registers every variable for
     which ``is_local(var)`` holds as local, and averages the other gradients with
     :func:`comm.average_gradients` (one grouped allreduce per dtype, named the same on every
     rank, so graph-mode steps pair up; ``prefix`` starts those names: each optimizer of a step
-    needs its own)."""
+    needs its own).
+
+    ``merged``: ``(collecting, complete)`` of a backward exchange that waits for the
+    optimizer (``backends/deferred.py``): the gradients are computed inside ``collecting()``,
+    then ``complete(grads, variables, local)`` returns them with the waiting exchanges done
+    and says which global ones it averaged (the allreduce skips those)."""
     ensure_supported()
     comm.hvd()  # initialized
     import horovod.tensorflow.keras as hvd_keras
@@ -35,12 +40,24 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad"):
         for var, mine in zip(variables, local):
             if mine:
                 wrapped.register_local_var(var)
+        averaged = [False] * len(local)
+        if merged is not None:
+            grads, averaged = merged[1](grads, variables, local)
+        rest = allreduce([None if done else g for g, done in zip(grads, averaged)], variables)
         size = float(comm.size())
-        return [comm.divided(grad, size) if mine and grad is not None else grad
-                for grad, mine in zip(allreduce(grads, variables), local)]
+        return [g if done else comm.divided(r, size) if mine and r is not None else r
+                for g, r, done, mine in zip(grads, rest, averaged, local)]
 
     wrapped._allreduce_grads = generic_names  # pylint: disable=protected-access
     wrapped._allreduce = register_then_allreduce  # pylint: disable=protected-access
+    if merged is not None:
+        compute = wrapped._compute_gradients  # pylint: disable=protected-access
+
+        def collecting_compute(*args, **kwargs):
+            with merged[0]():
+                return compute(*args, **kwargs)
+
+        wrapped._compute_gradients = collecting_compute  # pylint: disable=protected-access
     return wrapped
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+
 def creates_slots_per_variable(optimizer) -> bool:
     """True for Keras' legacy optimizers (Horovod's wrappers of them included): they create a
     variable's slots when it first gets a gradient, so slots created ahead of the first step
@@ -172,12 +173,14 @@ def retrack(owner, old, new) -> None:
             owner._track_trackable(new, name=ref.name, overwrite=True)  # pylint: disable=protected-access
 
 
-def wrap_compute_gradients(optimizer, after) -> None:
+def wrap_compute_gradients(optimizer, after, around=contextlib.nullcontext) -> None:
     """``optimizer.minimize`` passes the ``(gradient, variable)`` pairs it computes through
-    ``after`` before applying them (Keras' legacy ``_compute_gradients``, on this instance)."""
+    ``after`` before applying them (Keras' legacy ``_compute_gradients``, on this instance);
+    both run inside the context ``around()``."""
     compute = optimizer._compute_gradients  # pylint: disable=protected-access
 
     def computed(loss, var_list, grad_loss=None, tape=None):
-        return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
+        with around():
+            return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
 
     optimizer._compute_gradients = computed  # pylint: disable=protected-access

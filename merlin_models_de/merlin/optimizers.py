@@ -20,6 +20,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends import deferred
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import OPTIMIZER_SLOTS
@@ -81,7 +82,8 @@ def distributed(optimizer, prefix: str = "mmde_grad"):
         inner = horovod_compat.unwrapped(optimizer)
     else:
         inner = scaled_optimizer(optimizer, comm.size())
-    out = horovod_compat.distributed_optimizer(inner, is_local, prefix=prefix)
+    out = horovod_compat.distributed_optimizer(
+        inner, is_local, prefix=prefix, merged=(deferred.collecting, deferred.complete))
     out._mmde_distributed = True  # compiling again keeps it
     return out
 
@@ -102,23 +104,28 @@ def _distribute_multi(multi) -> None:
         keras_compat.retrack(multi, pair.optimizer, new)
         pair.optimizer = new
     multi.default_optimizer = scaled(multi.default_optimizer)
-    keras_compat.wrap_compute_gradients(multi, average_over_ranks)
+    keras_compat.wrap_compute_gradients(multi, average_over_ranks, around=deferred.collecting)
     multi._mmde_distributed = True
 
 
 @tf.autograph.experimental.do_not_convert
 def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
     """Global gradients averaged over ranks (one grouped allreduce); local ones (shards,
-    sparse or not) divided by N, as Horovod's ``scale_local_gradients`` does."""
+    sparse or not) divided by N, as Horovod's ``scale_local_gradients`` does. Rows whose
+    backward waited (``backends/deferred.py``) go back first, with the float32 global
+    gradients when they may."""
     pairs, n = list(grads_and_vars), comm.size()
-    shared = [i for i, (g, v) in enumerate(pairs) if g is not None and not is_local(v)]
+    variables = [v for _, v in pairs]
+    grads, done = deferred.complete([g for g, _ in pairs], variables,
+                                    [is_local(v) for v in variables], f"{prefix}_merged")
+    pairs = list(zip(grads, variables))
+    shared = [i for i, (g, v) in enumerate(pairs)
+              if g is not None and not is_local(v) and not done[i]]
     averaged = comm.average_gradients([pairs[i][0] for i in shared], prefix)
     out = list(pairs)
     for i, grad in zip(shared, averaged):
         out[i] = (grad, pairs[i][1])
     for i, (grad, var) in enumerate(pairs):
         if grad is not None and is_local(var):
-            grad = (tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
-                    if isinstance(grad, tf.IndexedSlices) else grad / n)
-            out[i] = (grad, var)
+            out[i] = (comm.divided(grad, float(n)), var)
     return out

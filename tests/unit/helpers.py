@@ -78,3 +78,19 @@ def check_plain_run_output(run):
     assert not [l for l in run.stderr.splitlines()
                 if " I tensorflow/" in l or " W tensorflow/" in l], run.stderr[-3000:]
     assert "DistributedEmbeddings runs in one process (not started by horovodrun)" in run.stderr
+
+
+def collectives(function) -> list:
+    """Names of the Horovod collectives in every traced graph of the ``tf.function``
+    ``function`` (branches and loops included), sorted."""
+    found = []
+    for concrete in function._list_all_concrete_functions():  # pylint: disable=protected-access
+        graph = concrete.graph.as_graph_def()
+        nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+        found += [n.name for n in nodes if n.op.startswith("Horovod")
+                  and any(k in n.op for k in _COLLECTIVE_OPS)]
+    return sorted(found)
+
+
+_COLLECTIVE_OPS = ("Alltoall", "Allreduce", "Allgather", "Broadcast", "Reducescatter",
+                   "Barrier", "Join")

@@ -275,7 +275,7 @@ def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     # the one-process row, the sharded row and its breakdown (~3-7 min); CI's tier checks
     # the rows' arithmetic (test_bench_rows_take_the_median...) and the plots
     # (test_capacity.py), not the runs
-    pytest.param("data-parallel,no-validation", marks=pytest.mark.full),
+    pytest.param("data-parallel,no-validation,no-ahead,no-merge", marks=pytest.mark.full),
     pytest.param("", marks=pytest.mark.full)])  # every baseline (~6 min)
 def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     out = str(tmp_path / "bench")
@@ -289,9 +289,9 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     result = json.load(open(os.path.join(out, "bench.json"), encoding="utf-8"))
     rows = {r["run"]: r for r in result["rows"]}
     expected = {"single", "data-parallel", "horovod/memory_optimized",
-                "horovod/memory_optimized/no-validation"}
-    assert set(rows) == (expected - {"data-parallel", "horovod/memory_optimized/no-validation"}
-                         if skip else expected)
+                "horovod/memory_optimized/no-validation", "horovod/memory_optimized/no-ahead",
+                "horovod/memory_optimized/no-merge"}
+    assert set(rows) == ({"single", "horovod/memory_optimized"} if skip else expected)
     single, mp = rows["single"], rows["horovod/memory_optimized"]
     assert mp["x_single"] == pytest.approx(mp["warm_samples_per_second"]
                                            / single["warm_samples_per_second"])
@@ -312,7 +312,7 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
         assert row["steady_samples_per_second"] == pytest.approx(128 / row["warm_step_median"])
     parts = result["breakdown"]["sgd"]
     assert set(parts["parts"]) == {"compute", "ids_exchange", "vectors_forward",
-                                   "vectors_backward", "dense_allreduce", "validation"}
+                                   "merged_backward", "validation"}
     assert all(v >= 0 for v in parts["parts"].values()) and parts["other_waiting"] >= 0
     assert parts["step"] > 0 and parts["fit_step"] > 0
     assert parts["gap"] == pytest.approx(parts["step"] - sum(parts["parts"].values()))
@@ -325,7 +325,7 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     table = open(os.path.join(out, "bench.md"), encoding="utf-8").read()
     assert all(f"| {name} |" in table for name in rows)
     assert "Step breakdown, horovod/memory_optimized, sgd" in table
-    assert "| dense gradient allreduce |" in table
+    assert "| rows backward and dense average (one all-to-all) |" in table
 
 
 def test_bench_rows_take_the_median_of_their_repeats_and_keep_each():

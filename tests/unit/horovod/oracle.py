@@ -153,12 +153,19 @@ def run_reference(block, arrays, batch, n_total, optimizer, steps, probes, targe
 
 
 def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, targets,
-                    graph=False):
+                    graph=False, via_optimizer=False):
     """This rank's share of the batch through ``block``: (first outputs, losses, tables).
 
-    With ``graph`` the training step runs as a ``tf.function`` (as Keras fit does).
+    With ``graph`` the training step runs as a ``tf.function`` (as Keras fit does). With
+    ``via_optimizer`` the step is ``minimize`` of the optimizer ``compile`` makes (its
+    learning rate not scaled), whose rows' backward waits for the dense average (one
+    all-to-all; backends/deferred.py); otherwise the gradients come from the package's
+    distributed tape, as in a custom loop.
     """
+    from merlin_models_de.compat.horovod import distributed_optimizer
+    from merlin_models_de.backends import deferred
     from merlin_models_de.merlin.training import DistributedGradientTape
+    from merlin_models_de.variables import is_local
 
     r = comm.rank()
     inputs = select(batch, r * per_rank, (r + 1) * per_rank)
@@ -167,12 +174,18 @@ def run_distributed(block, arrays, batch, per_rank, optimizer, steps, probes, ta
     block.set_global_weights(arrays)
     first = {k: to_numpy(v) for k, v in block(inputs).items()}
     opt, losses = OPTIMIZERS[optimizer](), []
+    if via_optimizer:
+        opt = distributed_optimizer(opt, is_local,
+                                    merged=(deferred.collecting, deferred.complete))
 
     def step(x):
         with tf.GradientTape() as tape:
             loss = loss_fn(block(x, training=True), block.features, probes, local_targets)
             if block.losses:  # regularization: differentiated with the loss, as Keras' fit
                 loss += tf.add_n(block.losses)
+        if via_optimizer:
+            opt.minimize(loss, block.trainable_variables, tape=tape)
+            return loss
         tape = DistributedGradientTape(tape, block)
         grads = tape.gradient(loss, block.trainable_variables)
         opt.apply_gradients(zip(grads, block.trainable_variables))
@@ -194,7 +207,7 @@ def exchanged_rows(block):
 
 
 def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), layers=None,
-                          graph=False, per_rank=16, steps=3):
+                          graph=False, per_rank=16, steps=3, via_optimizer=False):
     """Forward, per-step total losses and trained tables equal one process on the global batch;
     tables in ``frozen`` keep their initial values exactly, every other table trains (so the
     comparison means something). ``extra_loss(variables, outputs)``: the regularization the
@@ -215,7 +228,8 @@ def assert_matches_oracle(block, optimizer, seed, extra_loss=None, frozen=(), la
                               extra_loss=extra_loss, frozen=frozen, layers=layers)[1]
         assert not np.allclose(exact, ref_losses, rtol=1e-5, atol=0), (exact, ref_losses)
     first, losses, got_tables = run_distributed(
-        block, arrays, batch, per_rank, optimizer, steps, probes, targets, graph=graph)
+        block, arrays, batch, per_rank, optimizer, steps, probes, targets, graph=graph,
+        via_optimizer=via_optimizer)
     for name, want in ref_first.items():
         want = to_numpy(want, r * per_rank, (r + 1) * per_rank)
         got = first[name]

@@ -2,6 +2,7 @@
 a plain single-process run (a subprocess without Horovod) on the same global batches."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from merlin_models_de import comm
 from merlin_models_de.backends.registry import is_importable
 from merlin_models_de.block import ahead
 from merlin_models_de.variables import embedding_blocks
-from tests.unit.helpers import TFLogRecords
+from tests.unit.helpers import TFLogRecords, collectives
 from tests.unit.horovod import fit_common as fc
 
 PER_RANK = 32
@@ -94,6 +95,14 @@ def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer
     assert not [m for m in log.messages if "Gradients do not exist" in m], log.messages
     # the optimizer's slots existed before the step: Keras traced it once, not twice
     assert model.train_function.experimental_get_tracing_count() == 1
+    if backend == "horovod":
+        # the step's rounds: the rows forward and one all-to-all back (rows and the dense
+        # average, backends/deferred.py); the ids go a step ahead with tf.data (the first
+        # step's own exchange only when nothing is kept), else before the lookups
+        rounds = sorted(re.sub(r"^mmde_.*_[0-9a-f]{8}_", "", name.rsplit("/", 1)[-1])
+                        for name in collectives(model.train_function))
+        assert rounds == (["ids", "ids_next", "mmde_merged", "vectors"] if feed == "tf.data"
+                          else ["ids", "mmde_merged", "vectors"]), rounds
 
     final = fc.snapshot(model)
     # Adam divides by sqrt(v): rows with tiny gradients magnify float round-off of the

@@ -50,6 +50,18 @@ def test_adam_matches_the_oracle(hvd):
     oracle.assert_matches_oracle(block, "adam", seed=7)
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("exchange_dtype", [None, "bfloat16"])
+def test_the_merged_backward_of_the_optimizer_matches_the_oracle(hvd, exchange_dtype, graph):
+    """The optimizer ``compile`` makes: the rows' gradients go back in the all-to-all that
+    averages the global (data-parallel) gradients; in bfloat16 they travel as bits beside
+    the float32 ones. Every placement kind, frozen shards included."""
+    _, options, _ = PLACEMENTS[-1]
+    block = make_block(exchange_dtype=exchange_dtype, trainable={"item": False}, **options)
+    oracle.assert_matches_oracle(block, "adagrad", seed=13, graph=graph, via_optimizer=True,
+                                 frozen=("item",))
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_graph_mode_training_matches_the_oracle(hvd, optimizer):
     _, options, _ = PLACEMENTS[-1]
