@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from merlin_models_de import comm
 from merlin_models_de.backends.validate import batch_size, check_headers
 
 
@@ -79,8 +80,7 @@ class Lookahead:
         b = self.backend
         batch = batch_size(inputs)
         count, deferred = b.local_problem_checks(inputs, batch, problems)
-        checked = tf.minimum(tf.reduce_min(tf.cast(after[1], batch.dtype)), 0)  # 0, once checked
-        received, splits = b.send_ids(inputs, tf.stack([batch, count]) + checked,
+        received, splits = b.send_ids(inputs, comm.after(tf.stack([batch, count]), after[0]),
                                       b.collective_name("ids_next"))
         ok, message = first_problem(deferred)
         sizes = tf.gather(received, tf.cumsum(tf.cast(splits, tf.int64), exclusive=True))
