@@ -39,6 +39,11 @@ def launch_env() -> tuple[int, int, int]:
             int(env.get("HOROVOD_LOCAL_SIZE", 1)))
 
 
+def launch_local_rank() -> int:
+    """This process's index among the ranks of its host, from horovodrun's environment."""
+    return int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
+
+
 _SINGLE = []  # non-empty while single_process() is active
 
 

@@ -5,6 +5,10 @@ Runs, on the same synthetic data and the same steps (the DLRM command, one proce
 - ``single``: one process, ``mm.Embeddings``, global batch N*B (the compute limit on a host
   whose cores the N ranks share);
 - ``data-parallel``: N ranks, ``mm.Embeddings``, batch B each, as Merlin does it today;
+- ``bound/local-tables``: N ranks, batch B each, every rank training its own copy of every
+  table and only the dense gradients averaged: not a valid training, but the least work an
+  exact sharded step does (its compute and the one dense average, no rows exchanged): the
+  highest speed a sharded run can reach on this host;
 - ``horovod/<strategy>``: N ranks, ``DistributedEmbeddings`` with the built-in backend (plus one
   run without id validation, to price the check);
 - ``distributed-embeddings/<strategy>``: the same with NVIDIA's engine, where it imports.
@@ -98,6 +102,8 @@ def _runs(args) -> list[dict]:
         dist = base + ["--batch-size", str(args.batch_size), "--learning-rate", str(lr)]
         runs.append({"name": "data-parallel", "optimizer": opt, "ranks": n,
                      "args": dist + ["--embeddings", "merlin"]})
+        runs.append({"name": "bound/local-tables", "optimizer": opt, "ranks": n,
+                     "args": dist + ["--embeddings", "local-tables"]})
         backends = [b for b in BACKEND_NAMES if b != AUTO and is_installed(b)]
         for backend in backends:
             for i, strategy in enumerate(args.strategies.split(",")):
@@ -183,7 +189,8 @@ def _repeat(rep: dict, seconds: float) -> dict:
             "warm_steps": sum(e["steps"] for e in rep["epochs"][1:]),
             "warm_step_seconds": rep.get("warm_step_seconds"),
             "peak_rss_per_rank": last["peak_rss_bytes"], "final_loss": last["loss"],
-            "val_auc": last["val_auc"], "seconds": seconds}
+            "val_auc": last["val_auc"], "seconds": seconds,
+            "cpu_per_1000_samples": rep.get("warm_cpu_per_1000_samples")}
 
 
 def _row(run, reps, single, dp) -> dict:
@@ -210,6 +217,11 @@ def _row(run, reps, single, dp) -> dict:
            "embedding_fraction": max(emb) / first["total_embedding_bytes"],
            "final_loss": repeats[0]["final_loss"], "val_auc": repeats[0]["val_auc"],
            "repeats": repeats}
+    cpu = [r["cpu_per_1000_samples"] for r in repeats]
+    if all(cpu):  # CPU seconds per 1,000 samples, every rank and thread, and the kernel's part
+        row["cpu_per_1000_samples"] = statistics.median(c["user"] + c["system"] for c in cpu)
+        row["cpu_system_share"] = statistics.median(
+            c["system"] / (c["user"] + c["system"]) for c in cpu)
     # a step's samples over the median step: speed without the rare long stalls
     row["steady_samples_per_second"] = (first["global_batch"] / row["warm_step_median"]
                                         if row["warm_step_median"] else None)
@@ -229,7 +241,8 @@ def markdown(rows: list[dict]) -> str:
     head = ("| run | opt | ranks | warm samples/s (median) | min-max (spread) | x single | "
             "x data-parallel | steady samples/s (batch / median step) | steady x single | "
             "slowest step (ms) | 1st epoch samples/s | time to 1st step (s) | emb bytes/rank "
-            "(max, share) | peak RSS/rank (max) | RSS x data-parallel | val AUC |")
+            "(max, share) | peak RSS/rank (max) | RSS x data-parallel | CPU s per 1k samples "
+            "(kernel share) | val AUC |")
     lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for r in rows:
@@ -245,8 +258,16 @@ def markdown(rows: list[dict]) -> str:
             f"{fmt(r['time_to_first_step'], '.1f')} | "
             f"{human_bytes(max(r['embedding_bytes_per_rank']))} "
             f"({r['embedding_fraction']:.2f}) | {human_bytes(max(r['peak_rss_per_rank']))} | "
-            f"{fmt(r.get('rss_x_data_parallel'), '.2f')} | {fmt(r['val_auc'], '.4f')} |")
+            f"{fmt(r.get('rss_x_data_parallel'), '.2f')} | {_cpu(r)} | "
+            f"{fmt(r['val_auc'], '.4f')} |")
     return "\n".join(lines)
+
+
+def _cpu(row) -> str:
+    """The CPU cell: seconds per 1,000 samples (kernel share), empty where not measured."""
+    if row.get("cpu_per_1000_samples") is None:
+        return ""
+    return f"{row['cpu_per_1000_samples']:.3f} ({row['cpu_system_share']:.0%})"
 
 
 def _label(r) -> str:

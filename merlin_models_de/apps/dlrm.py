@@ -36,6 +36,7 @@ from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.schemas import synthetic_dataset_names
 
 STARTED = time.perf_counter()
+BOUND = ("local-tables",)  # --embeddings values that measure a bound, not a valid training
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,7 +72,11 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--learning-rate", type=float, default=None,
                        help="per-rank rate (Merlin multiplies it by the world size)")
     place = ap.add_argument_group("placement")
-    place.add_argument("--embeddings", default="distributed", choices=EMBEDDINGS)
+    place.add_argument("--embeddings", default="distributed", choices=EMBEDDINGS + BOUND,
+                       help="distributed: mm.DistributedEmbeddings; merlin: mm.Embeddings, data "
+                            "parallel (a baseline); local-tables: mm.Embeddings whose copies "
+                            "each rank trains alone, only the dense gradients averaged: not a "
+                            "valid training, the speed bound of an exact sharded step")
     place.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)
     place.add_argument("--column-slice-threshold", type=int, default=None)
     place.add_argument("--row-slice-threshold", type=int, default=None)
@@ -127,6 +132,9 @@ def check_options(args) -> str | None:
             return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
     if problem := elastic_problem(args):
         return problem
+    if args.embeddings in BOUND and args.elastic:
+        return (f"--embeddings {args.embeddings} is a speed bound for fixed ranks, not an elastic "
+                f"training. Received: --embeddings={args.embeddings} --elastic")
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
     if not args.train_dir:

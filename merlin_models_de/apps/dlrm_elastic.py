@@ -24,7 +24,7 @@ def _built(args):
 
 def run(args, started: float) -> dict:
     """Trains as ``args`` say, elastically; rank 0 writes and returns the report."""
-    configure_threads(args.cpu_threads)
+    configure_threads(args.cpu_threads, bind=False)  # ranks per host change
     import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
 
     _, report = train_elastically(args, started, lambda: _built(args),

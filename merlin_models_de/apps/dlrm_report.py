@@ -16,6 +16,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds this process used so far, every thread counted."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
 def embedding_bytes(block) -> int:
     """Bytes of the embedding tables this rank holds (shards and replicated tables).
 
@@ -42,6 +48,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         self._batches = 0  # this epoch's: a resumed epoch runs only its remaining batches
         self.global_batch = args.batch_size * comm.size()
         self._t0 = self._last = None
+        self._cpu0 = self._cpu_last = None  # cpu_seconds() at the epoch's start / last batch
         self.warm_steps = []  # seconds of each step after the first epoch (batch end to end)
         self._supports_tf_logs = True  # logs are read once per epoch: no per-step numpy copy
 
@@ -49,7 +56,9 @@ class EpochReport(tf.keras.callbacks.Callback):
         """The block's placement summary (or what data parallel means for mm.Embeddings)."""
         if hasattr(self.block, "summary") and hasattr(self.block, "plan"):
             return self.block.summary(optimizer=self.args.optimizer)
-        return (f"mm.Embeddings, data parallel: each of {comm.size()} ranks holds every table "
+        how = ("local tables (a speed bound, not a valid training: only dense gradients are "
+               "averaged)" if self.args.embeddings == "local-tables" else "data parallel")
+        return (f"mm.Embeddings, {how}: each of {comm.size()} ranks holds every table "
                 f"({human_bytes(embedding_bytes(self.block))})")
 
     def on_train_begin(self, logs=None):
@@ -60,6 +69,7 @@ class EpochReport(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._t0, self._batches = time.perf_counter(), 0
+        self._cpu0 = cpu_seconds()
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
@@ -69,7 +79,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         if self.epochs:  # warm: the first epoch traces and initializes
             took = now - (self._t0 if self._batches == 0 else self._last)
             self.warm_steps += [took / steps] * steps
-        self._last = now
+        self._last, self._cpu_last = now, cpu_seconds()
         self._batches += steps
         if self.first_step is None:
             self.first_step = self.phases["first_step"] = self._last - self.started
@@ -77,15 +87,18 @@ class EpochReport(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         seconds = self._last - self._t0
+        # training's CPU (validation apart): where a host's cores went, by every thread
+        cpu = [b - a for a, b in zip(self._cpu0, self._cpu_last or self._cpu0)]
         mine = {"embedding_bytes": embedding_bytes(self.block), "peak_rss_bytes": peak_rss_bytes(),
-                "loss": float(logs.get("loss", float("nan")))}
+                "loss": float(logs.get("loss", float("nan"))), "cpu_seconds": cpu}
         ranks = comm.allgather_object(mine, name=f"mmde_report_epoch{epoch}")
         entry = {"epoch": epoch + 1, "steps": self._batches, "train_seconds": seconds,
                  "samples_per_second": self._batches * self.global_batch / seconds,
                  "loss": sum(r["loss"] for r in ranks) / len(ranks),
                  "val_auc": _get(logs, "val_auc"), "val_logloss": _get(logs, "val_logloss"),
                  "embedding_bytes": [r["embedding_bytes"] for r in ranks],
-                 "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks]}
+                 "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
+                 "cpu_seconds": [r["cpu_seconds"] for r in ranks]}  # per rank: user, system
         self.epochs.append(entry)
         if comm.rank() == 0:
             print(_line(entry, self.steps), flush=True)
@@ -95,6 +108,10 @@ class EpochReport(tf.keras.callbacks.Callback):
         warm = self.epochs[1:]
         warm_sps = (sum(e["steps"] for e in warm) * self.global_batch
                     / sum(e["train_seconds"] for e in warm)) if warm else None
+        samples = sum(e["steps"] for e in warm) * self.global_batch
+        # CPU seconds per 1,000 samples over the warm epochs, every rank summed
+        warm_cpu = {kind: 1000 * sum(r[i] for e in warm for r in e["cpu_seconds"]) / samples
+                    for i, kind in enumerate(("user", "system"))} if warm else None
         plan = getattr(self.block, "plan", None)
         return {"command": "merlin_models_de.apps.dlrm", "options": vars(self.args),
                 "world_size": comm.size(), "cpu_threads": self.threads,
@@ -104,7 +121,7 @@ class EpochReport(tf.keras.callbacks.Callback):
                 "time_to_first_step": self.first_step, "phases": self.phases,
                 "first_epoch_samples_per_second":
                     self.epochs[0]["samples_per_second"] if self.epochs else None,
-                "warm_samples_per_second": warm_sps,
+                "warm_samples_per_second": warm_sps, "warm_cpu_per_1000_samples": warm_cpu,
                 # per step (a step's first batch counts from its epoch's start): the median
                 # is the steady step, the mean adds each epoch's start
                 "warm_step_seconds": _spread(self.warm_steps),

@@ -15,7 +15,7 @@ from merlin_models_de.apps.next_item_run import (evaluate_catalog, model_for, pa
 
 def run(args, started: float) -> dict:
     """Trains as ``args`` say, elastically, then evaluates; rank 0 writes the report."""
-    configure_threads(args.cpu_threads)
+    configure_threads(args.cpu_threads, bind=False)  # ranks per host change
     import merlin.models.tf as mm  # initializes Horovod under horovodrun
 
     from merlin_models_de.persistence.export import sample_batch

@@ -104,7 +104,7 @@ def _built(args, schema):
     tf.keras.utils.set_random_seed(args.seed + comm.rank())
     model, block = model_for(args, schema)
     model(sample_batch(schema))
-    model.compile(optimizer=optimizer_for(args), metrics=metrics())  # as the command: same step
+    model.compile(optimizer=optimizer_for(args, block), metrics=metrics())  # as the command
     return model, block
 
 

@@ -147,6 +147,12 @@ def test_two_ranks_hold_half_the_tables_each(tmp_path):
     assert sum(per_rank) == report["total_embedding_bytes"]
     assert max(per_rank) <= 0.55 * report["total_embedding_bytes"]
     assert len(report["epochs"][-1]["peak_rss_bytes"]) == 2
+    # each rank's training CPU (user, kernel) per epoch, and the warm epochs' per 1,000 samples
+    assert [len(c) for c in report["epochs"][-1]["cpu_seconds"]] == [2, 2]
+    cpu = report["warm_cpu_per_1000_samples"]
+    assert cpu["user"] > 0 and cpu["system"] >= 0
+    assert cpu["user"] + cpu["system"] == pytest.approx(
+        1000 * sum(map(sum, report["epochs"][1]["cpu_seconds"])) / (16 * 128))
 
 
 def test_two_ranks_bad_option_one_line(tmp_path):
@@ -275,7 +281,8 @@ def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     # the one-process row, the sharded row and its breakdown (~3-7 min); CI's tier checks
     # the rows' arithmetic (test_bench_rows_take_the_median...) and the plots
     # (test_capacity.py), not the runs
-    pytest.param("data-parallel,no-validation,no-ahead,no-merge", marks=pytest.mark.full),
+    pytest.param("data-parallel,local-tables,no-validation,no-ahead,no-merge",
+                 marks=pytest.mark.full),
     pytest.param("", marks=pytest.mark.full)])  # every baseline (~6 min)
 def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     out = str(tmp_path / "bench")
@@ -288,7 +295,7 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
     result = json.load(open(os.path.join(out, "bench.json"), encoding="utf-8"))
     rows = {r["run"]: r for r in result["rows"]}
-    expected = {"single", "data-parallel", "horovod/memory_optimized",
+    expected = {"single", "data-parallel", "bound/local-tables", "horovod/memory_optimized",
                 "horovod/memory_optimized/no-validation", "horovod/memory_optimized/no-ahead",
                 "horovod/memory_optimized/no-merge"}
     assert set(rows) == ({"single", "horovod/memory_optimized"} if skip else expected)
@@ -334,7 +341,9 @@ def test_bench_rows_take_the_median_of_their_repeats_and_keep_each():
     from merlin_models_de.apps.bench import _row
 
     def report(sps, step, rss, first):
+        cpu = {"user": 3000 / sps, "system": 1000 / sps}  # a quarter in the kernel
         return {"warm_samples_per_second": sps, "first_epoch_samples_per_second": sps / 10,
+                "warm_cpu_per_1000_samples": cpu,
                 "time_to_first_step": first, "global_batch": 128, "total_embedding_bytes": 200,
                 "warm_step_seconds": {"median": step, "max": 2 * step},
                 "epochs": [{"steps": 16}, {"steps": 16, "peak_rss_bytes": rss, "loss": 0.5,
@@ -358,3 +367,38 @@ def test_bench_rows_take_the_median_of_their_repeats_and_keep_each():
     assert row["steady_x_single"] == pytest.approx((128 / 0.6) / 256.0)
     assert row["rss_x_single"] == pytest.approx(0.7)
     assert "x_data_parallel" not in row
+    # CPU seconds per 1,000 samples (every rank, user + kernel): the repeats' median
+    assert row["cpu_per_1000_samples"] == pytest.approx(4000 / 200.0)
+    assert row["cpu_system_share"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("allowed, local_rank, local_size, share", [
+    ({0, 1}, 0, 2, [0]), ({0, 1}, 1, 2, [1]),
+    ({4, 5, 6, 7, 8}, 1, 2, [6, 7]),  # a cpuset's cores, split evenly (one left over)
+    ({0, 1, 2, 3}, 0, 1, None),  # one rank: nothing to split
+    ({0}, 1, 2, None)])  # fewer cores than ranks: oversubscribed, not bound
+def test_each_rank_gets_an_equal_disjoint_share_of_the_cores(allowed, local_rank, local_size,
+                                                              share):
+    from merlin_models_de.apps.dlrm_run import core_share
+
+    assert core_share(allowed, local_rank, local_size) == share
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
+def test_the_command_binds_every_thread_of_a_rank_to_its_share():
+    """As horovodrun's second local rank of 2: the threads running before the call and those
+    started after it (TensorFlow's pools) all run on that rank's cores only."""
+    cores = sorted(os.sched_getaffinity(0))
+    mine = cores[len(cores) // 2:2 * (len(cores) // 2)]
+    code = ("import json, os, threading\n"
+            "from merlin_models_de.apps.dlrm_run import configure_threads\n"
+            "threads = configure_threads(None)\n"
+            "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
+            "import tensorflow as tf; tf.constant(1.0) + 1.0\n"
+            "print(json.dumps({'threads': threads, 'cores': sorted({tuple(sorted("
+            "os.sched_getaffinity(int(tid)))) for tid in os.listdir('/proc/self/task')})}))")
+    env = dict(ENV, HOROVOD_LOCAL_RANK="1", HOROVOD_LOCAL_SIZE="2")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == {"threads": len(mine), "cores": [mine]}
