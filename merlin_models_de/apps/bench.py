@@ -40,7 +40,7 @@ import sys
 import time
 
 from merlin_models_de.apps import step_breakdown
-from merlin_models_de.apps.cli import INPUTS
+from merlin_models_de.apps.cli import INPUTS, LOCAL_TABLES
 from merlin_models_de.apps.console import quiet_imports
 from merlin_models_de.apps.defaults import LEARNING_RATES
 from merlin_models_de.apps.plots import bench_png
@@ -103,7 +103,7 @@ def _runs(args) -> list[dict]:
         runs.append({"name": "data-parallel", "optimizer": opt, "ranks": n,
                      "args": dist + ["--embeddings", "merlin"]})
         runs.append({"name": "bound/local-tables", "optimizer": opt, "ranks": n,
-                     "args": dist + ["--embeddings", "local-tables"]})
+                     "args": dist + ["--embeddings", LOCAL_TABLES]})
         backends = [b for b in BACKEND_NAMES if b != AUTO and is_installed(b)]
         for backend in backends:
             for i, strategy in enumerate(args.strategies.split(",")):

@@ -25,6 +25,8 @@ from merlin_models_de.comm import launch_env
 from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
 
 EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
+# the DLRM command's speed bound (apps/dlrm_run.optimizer_for), not a valid training
+LOCAL_TABLES = "local-tables"
 INPUTS = ("tf.data", "loader")  # how a command feeds fit: loader_dataset or Merlin's Loader
 
 

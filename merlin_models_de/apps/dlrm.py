@@ -26,9 +26,10 @@ import math
 import sys
 import time
 
-from merlin_models_de.apps.cli import (EMBEDDINGS, INPUTS, OneLineParser, add_elastic_option,
-                                       checked_arguments, dataset_dir_problem, elastic_problem,
-                                       ints, parquet_files_problem, world)
+from merlin_models_de.apps.cli import (EMBEDDINGS, INPUTS, LOCAL_TABLES, OneLineParser,
+                                       add_elastic_option, checked_arguments,
+                                       dataset_dir_problem, elastic_problem, ints,
+                                       parquet_files_problem, world)
 from merlin_models_de.apps.defaults import OPTIMIZERS
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.backends.wire import EXCHANGE_DTYPES
@@ -36,7 +37,6 @@ from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.schemas import synthetic_dataset_names
 
 STARTED = time.perf_counter()
-BOUND = ("local-tables",)  # --embeddings values that measure a bound, not a valid training
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--learning-rate", type=float, default=None,
                        help="per-rank rate (Merlin multiplies it by the world size)")
     place = ap.add_argument_group("placement")
-    place.add_argument("--embeddings", default="distributed", choices=EMBEDDINGS + BOUND,
+    place.add_argument("--embeddings", default="distributed", choices=EMBEDDINGS + (LOCAL_TABLES,),
                        help="distributed: mm.DistributedEmbeddings; merlin: mm.Embeddings, data "
                             "parallel (a baseline); local-tables: mm.Embeddings whose copies "
                             "each rank trains alone, only the dense gradients averaged: not a "
@@ -132,7 +132,7 @@ def check_options(args) -> str | None:
             return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
     if problem := elastic_problem(args):
         return problem
-    if args.embeddings in BOUND and args.elastic:
+    if args.embeddings == LOCAL_TABLES and args.elastic:
         return (f"--embeddings {args.embeddings} is a speed bound for fixed ranks, not an elastic "
                 f"training. Received: --embeddings={args.embeddings} --elastic")
     if args.valid_dir and not args.train_dir:

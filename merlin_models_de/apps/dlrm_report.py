@@ -8,6 +8,7 @@ import time
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.apps.cli import LOCAL_TABLES
 from merlin_models_de.tables import human_bytes
 
 
@@ -57,7 +58,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         if hasattr(self.block, "summary") and hasattr(self.block, "plan"):
             return self.block.summary(optimizer=self.args.optimizer)
         how = ("local tables (a speed bound, not a valid training: only dense gradients are "
-               "averaged)" if self.args.embeddings == "local-tables" else "data parallel")
+               "averaged)" if self.args.embeddings == LOCAL_TABLES else "data parallel")
         return (f"mm.Embeddings, {how}: each of {comm.size()} ranks holds every table "
                 f"({human_bytes(embedding_bytes(self.block))})")
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.compat import merlin as merlin_compat
+from merlin_models_de.apps.cli import LOCAL_TABLES
 from merlin_models_de.apps.defaults import LEARNING_RATES
 
 
@@ -107,7 +108,7 @@ def model_for(args, schema):
 
     import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
 
-    if args.embeddings in ("merlin", "local-tables"):
+    if args.embeddings in ("merlin", LOCAL_TABLES):
         emb = mm.Embeddings(schema.select_by_tag(Tags.CATEGORICAL), dim=args.dim)
     else:
         emb = mm.DistributedEmbeddings(
@@ -140,7 +141,7 @@ def optimizer_for(args, emb=None):
     lr = args.learning_rate or LEARNING_RATES[args.optimizer]
     optimizer = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad,
                  "adam": legacy.Adam}[args.optimizer](lr)
-    if getattr(args, "embeddings", None) != "local-tables" or comm.size() == 1:
+    if getattr(args, "embeddings", None) != LOCAL_TABLES or comm.size() == 1:
         return optimizer
     from merlin_models_de.compat.horovod import distributed_optimizer
 
