@@ -23,6 +23,33 @@ def cpu_seconds() -> tuple[float, float]:
     return usage.ru_utime, usage.ru_stime
 
 
+def host_cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks of this host so far, every core: ``steal`` is the time the
+    hypervisor ran someone else while this VM's cores were ready to run. None where the
+    kernel does not say (not Linux).
+
+    Runs on a shared VM can lose a third of their cores to steal for seconds at a time;
+    the bench uses the share to tell such runs apart from slow ones.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("w", suffix="stat", delete=False) as f:
+        ...     _ = f.write("cpu  10 0 5 80 1 0 0 4 0 0\\ncpu0 5 0 2 40 0 0 0 2 0 0\\n")
+        >>> host_cpu_ticks(f.name)
+        (4, 100)
+    """
+    try:
+        with open(path, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    ticks = [int(v) for v in fields[1:9]]
+    return ticks[7], sum(ticks)
+
+
 def embedding_bytes(block) -> int:
     """Bytes of the embedding tables this rank holds (shards and replicated tables).
 
@@ -50,6 +77,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         self.global_batch = args.batch_size * comm.size()
         self._t0 = self._last = None
         self._cpu0 = self._cpu_last = None  # cpu_seconds() at the epoch's start / last batch
+        self._host0 = self._host_last = None  # host_cpu_ticks() at the same points
         self.warm_steps = []  # seconds of each step after the first epoch (batch end to end)
         self._supports_tf_logs = True  # logs are read once per epoch: no per-step numpy copy
 
@@ -70,7 +98,7 @@ class EpochReport(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._t0, self._batches = time.perf_counter(), 0
-        self._cpu0 = cpu_seconds()
+        self._cpu0, self._host0 = cpu_seconds(), host_cpu_ticks()
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
@@ -80,7 +108,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         if self.epochs:  # warm: the first epoch traces and initializes
             took = now - (self._t0 if self._batches == 0 else self._last)
             self.warm_steps += [took / steps] * steps
-        self._last, self._cpu_last = now, cpu_seconds()
+        self._last, self._cpu_last, self._host_last = now, cpu_seconds(), host_cpu_ticks()
         self._batches += steps
         if self.first_step is None:
             self.first_step = self.phases["first_step"] = self._last - self.started
@@ -90,8 +118,11 @@ class EpochReport(tf.keras.callbacks.Callback):
         seconds = self._last - self._t0
         # training's CPU (validation apart): where a host's cores went, by every thread
         cpu = [b - a for a, b in zip(self._cpu0, self._cpu_last or self._cpu0)]
+        host = (None if self._host0 is None or self._host_last is None
+                else [b - a for a, b in zip(self._host0, self._host_last)])
         mine = {"embedding_bytes": embedding_bytes(self.block), "peak_rss_bytes": peak_rss_bytes(),
-                "loss": float(logs.get("loss", float("nan"))), "cpu_seconds": cpu}
+                "loss": float(logs.get("loss", float("nan"))), "cpu_seconds": cpu,
+                "host_cpu_ticks": host}
         ranks = comm.allgather_object(mine, name=f"mmde_report_epoch{epoch}")
         entry = {"epoch": epoch + 1, "steps": self._batches, "train_seconds": seconds,
                  "samples_per_second": self._batches * self.global_batch / seconds,
@@ -99,7 +130,9 @@ class EpochReport(tf.keras.callbacks.Callback):
                  "val_auc": _get(logs, "val_auc"), "val_logloss": _get(logs, "val_logloss"),
                  "embedding_bytes": [r["embedding_bytes"] for r in ranks],
                  "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
-                 "cpu_seconds": [r["cpu_seconds"] for r in ranks]}  # per rank: user, system
+                 "cpu_seconds": [r["cpu_seconds"] for r in ranks],  # per rank: user, system
+                 # per rank, of its host: (stolen, all) ticks while this epoch trained
+                 "host_cpu_ticks": [r["host_cpu_ticks"] for r in ranks]}
         self.epochs.append(entry)
         if comm.rank() == 0:
             print(_line(entry, self.steps), flush=True)
@@ -123,6 +156,7 @@ class EpochReport(tf.keras.callbacks.Callback):
                 "first_epoch_samples_per_second":
                     self.epochs[0]["samples_per_second"] if self.epochs else None,
                 "warm_samples_per_second": warm_sps, "warm_cpu_per_1000_samples": warm_cpu,
+                "warm_host_steal_share": steal_share(warm),
                 # per step (a step's first batch counts from its epoch's start): the median
                 # is the steady step, the mean adds each epoch's start
                 "warm_step_seconds": _spread(self.warm_steps),
@@ -130,6 +164,26 @@ class EpochReport(tf.keras.callbacks.Callback):
                 "total_embedding_bytes": sum(t.rows * t.dim * 4 for t in self.block.tables)
                 if plan is not None else embedding_bytes(self.block),
                 "epochs": self.epochs, "plan": plan.to_dict() if plan is not None else None}
+
+
+def steal_share(epochs: list) -> float | None:
+    """The largest share of a host's CPU time stolen by its hypervisor while ``epochs``
+    trained, over the ranks' hosts (None where a host does not say).
+
+    Example:
+        >>> steal_share([{"host_cpu_ticks": [[1, 100], [0, 100]]},
+        ...              {"host_cpu_ticks": [[9, 100], [0, 100]]}])
+        0.05
+    """
+    per_rank = [e["host_cpu_ticks"] for e in epochs]
+    if not per_rank or any(t is None for ranks in per_rank for t in ranks):
+        return None
+    shares = []
+    for rank in range(len(per_rank[0])):
+        stolen = sum(ranks[rank][0] for ranks in per_rank)
+        total = sum(ranks[rank][1] for ranks in per_rank)
+        shares.append(stolen / total if total else 0.0)
+    return max(shares)
 
 
 def _spread(seconds: list) -> dict | None:

@@ -123,6 +123,10 @@ def test_single_process_run_checkpoint_and_resume(tmp_path):
     assert report["epochs"][0]["embedding_bytes"] == [report["total_embedding_bytes"]]
     assert 0.0 <= report["epochs"][1]["val_auc"] <= 1.0
     assert report["time_to_first_step"] > 0 and report["warm_samples_per_second"] > 0
+    # the host's (stolen, all) CPU ticks while each epoch trained, and the warm share stolen
+    (stolen, ticks), = report["epochs"][1]["host_cpu_ticks"]
+    assert 0 <= stolen <= ticks and ticks > 0
+    assert report["warm_host_steal_share"] == pytest.approx(stolen / ticks)
     resumed = _run(["--rows", "1024", "--epochs", "3", "--checkpoint-dir", ckpt, *QUICK])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "Resumed from" in resumed.stdout and "(step 32, epoch 2)" in resumed.stdout
@@ -153,6 +157,10 @@ def test_two_ranks_hold_half_the_tables_each(tmp_path):
     assert cpu["user"] > 0 and cpu["system"] >= 0
     assert cpu["user"] + cpu["system"] == pytest.approx(
         1000 * sum(map(sum, report["epochs"][1]["cpu_seconds"])) / (16 * 128))
+    # each rank's host (one here): the hypervisor's share of its CPU while epoch 2 trained
+    ticks = report["epochs"][1]["host_cpu_ticks"]
+    assert len(ticks) == 2 and report["warm_host_steal_share"] == pytest.approx(
+        max(stolen / total for stolen, total in ticks))
 
 
 def test_two_ranks_bad_option_one_line(tmp_path):
@@ -338,12 +346,12 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
 def test_bench_rows_take_the_median_of_their_repeats_and_keep_each():
     """The bench's row from 3 repeats (what --repeats 3 gives): speeds and times are the
     median, the spread is min-max, memory the largest, ratios are between medians."""
-    from merlin_models_de.apps.bench import _row
+    from merlin_models_de.apps.bench import _row, markdown
 
     def report(sps, step, rss, first):
         cpu = {"user": 3000 / sps, "system": 1000 / sps}  # a quarter in the kernel
         return {"warm_samples_per_second": sps, "first_epoch_samples_per_second": sps / 10,
-                "warm_cpu_per_1000_samples": cpu,
+                "warm_cpu_per_1000_samples": cpu, "warm_host_steal_share": sps / 10_000,
                 "time_to_first_step": first, "global_batch": 128, "total_embedding_bytes": 200,
                 "warm_step_seconds": {"median": step, "max": 2 * step},
                 "epochs": [{"steps": 16}, {"steps": 16, "peak_rss_bytes": rss, "loss": 0.5,
@@ -370,6 +378,34 @@ def test_bench_rows_take_the_median_of_their_repeats_and_keep_each():
     # CPU seconds per 1,000 samples (every rank, user + kernel): the repeats' median
     assert row["cpu_per_1000_samples"] == pytest.approx(4000 / 200.0)
     assert row["cpu_system_share"] == pytest.approx(0.25)
+    # the most CPU the hypervisor took during a repeat's warm epochs
+    assert [r["host_steal_share"] for r in row["repeats"]] == [0.03, 0.01, 0.02]
+    assert row["host_steal_share"] == 0.03
+    assert "| 3.0% | 0.6000 |" in markdown([row])
+
+
+def test_bench_runs_a_repeat_again_while_the_hypervisor_took_too_much_cpu(monkeypatch, capsys):
+    """A repeat whose host lost more than --max-steal of its CPU to the hypervisor runs again,
+    at most --steal-retries times (the last attempt is kept); hosts that do not say pass."""
+    from merlin_models_de.apps import bench
+
+    shares = {"a": [0.2, 0.01], "b": [0.3, 0.2, 0.4], "c": [None]}
+    launched = []
+
+    def finished(module, runs, args, report_name, label, failed):
+        (run,) = runs
+        launched.append(run["name"])
+        yield run, {"warm_host_steal_share": shares[run["name"]].pop(0)}, 1.0
+
+    monkeypatch.setattr(bench, "finished_runs", finished)
+    args = bench._parser().parse_args(["--max-steal", "0.05", "--steal-retries", "2"])
+    kept = [(run["name"], rep["warm_host_steal_share"]) for run, rep, _ in bench.unstolen_runs(
+        "m", [{"name": n} for n in "abc"], args, None, None, [])]
+    assert kept == [("a", 0.01), ("b", 0.4), ("c", None)]
+    assert launched == ["a", "a", "b", "b", "b", "c"]
+    assert capsys.readouterr().out.count("run again") == 3
+    assert bench.main(["--max-steal", "1.5"]) == 2
+    assert "--max-steal=1.5" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("allowed, local_rank, local_size, share", [
