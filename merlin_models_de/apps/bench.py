@@ -360,8 +360,10 @@ def main(argv=None) -> int:
             lambda r: f"{r['name'].replace('/', '_')}-{r['optimizer']}-{r['repeat'] + 1}.json",
             _label, failed):
         done[(run["name"], run["optimizer"])].append((rep, seconds))
+        stolen = rep.get("warm_host_steal_share")
         print(f"   {rep['warm_samples_per_second']:,.0f} samples/s warm, first step after "
-              f"{rep['time_to_first_step']:.1f} s, run {seconds:.0f} s", flush=True)
+              f"{rep['time_to_first_step']:.1f} s, run {seconds:.0f} s"
+              + ("" if stolen is None else f", host CPU stolen {stolen:.1%}"), flush=True)
     rows = {}
     for run in runs:
         key = (run["name"], run["optimizer"])
