@@ -32,11 +32,12 @@ def host_cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:
     the bench uses the share to tell such runs apart from slow ones.
 
     Example:
-        >>> import tempfile
+        >>> import os, tempfile
         >>> with tempfile.NamedTemporaryFile("w", suffix="stat", delete=False) as f:
         ...     _ = f.write("cpu  10 0 5 80 1 0 0 4 0 0\\ncpu0 5 0 2 40 0 0 0 2 0 0\\n")
         >>> host_cpu_ticks(f.name)
         (4, 100)
+        >>> os.remove(f.name)
     """
     try:
         with open(path, encoding="ascii") as f:
