@@ -149,15 +149,23 @@ class EmbeddingBackend(abc.ABC):
             header, check = self.header_and_check(inputs, batch, problems)
             return self.exchange_and_lookup(inputs, batch, header, check, training)
         received = self.lookahead.this_step(inputs, batch, problems)
-        self.lookahead.next_step(*ahead, after=received)
-        return self.exchange_and_lookup(inputs, batch, None, None, training, ahead=received)
+        next_ids = self.lookahead.next_ids(*ahead, after=received)
+        outputs = self.exchange_and_lookup(inputs, batch, None, None, training, ahead=received,
+                                           next_ids=next_ids)
+        if not next_ids.delivered:  # no exchange of the backend carried them
+            self.lookahead.send(next_ids)
+        return outputs
 
     supports_ahead: ClassVar[bool] = False  # can a step exchange the next batch's ids?
 
-    def send_ids(self, inputs: list, header, name: str):
-        """The first exchange alone: ``(received, received_splits)`` (backends whose
-        ``supports_ahead`` is True)."""
+    def id_message(self, inputs: list, header):
+        """The first exchange's message: ``(flat, splits)``, to each rank the header then the
+        ids it serves (backends whose ``supports_ahead`` is True)."""
         raise NotImplementedError(f"backend {self.name!r} exchanges ids inside the step only")
+
+    def send_ids(self, inputs: list, header, name: str):
+        """The first exchange alone: ``(received, received_splits)``."""
+        return comm.alltoall(*self.id_message(inputs, header), name=name)
 
     def local_problem_checks(self, inputs, batch, problems=()):
         """(problem count, deferred checks) of this rank's ``inputs`` (see ``validate``)."""
@@ -177,12 +185,15 @@ class EmbeddingBackend(abc.ABC):
 
     @abc.abstractmethod
     def exchange_and_lookup(self, inputs: list, batch, header, check: Callable,
-                            training: bool, ahead=None) -> list:
+                            training: bool, ahead=None, next_ids=None) -> list:
         """The backend's own stages. ``header`` must reach every rank in the first exchange;
         ``check(received, received_splits)`` gives the assertions that must run before any
         lookup (``received`` holds, per source rank, a segment starting with the header).
         With ``ahead``, ``(received, received_splits)`` of the first exchange, done and
-        checked (see :meth:`call`), ``header`` and ``check`` are None."""
+        checked (see :meth:`call`), ``header`` and ``check`` are None. ``next_ids``
+        (:class:`.lookahead.NextIds`): the next batch's ids, which one of the backend's
+        exchanges may carry (then it calls ``self.lookahead.keep``; else the caller sends
+        them alone)."""
 
     def exchange_header(self, header, check: Callable) -> list:
         """For backends whose own first exchange cannot carry the header: one allgather."""

@@ -18,7 +18,7 @@ Every rank makes the same choice: the same model, the same optimizer, the same s
 
 Example:
     >>> with recording(shards, enabled=True) as recorded:  # doctest: +SKIP
-    ...     received, splits = exchange(rows, splits, "vectors", recorded)
+    ...     received, splits, _ = exchange(rows, splits, "vectors", recorded)
 """
 from __future__ import annotations
 
@@ -80,21 +80,31 @@ def recording(sources, enabled: bool):
         yield tape, sources
 
 
-def exchange(tensor, splits, name: str, recorded):
-    """:func:`comm.alltoall` (``(received, received_splits)``) whose backward is deferred
-    while gradients are collected, when ``recorded`` (from :func:`recording`) is given."""
-    if recorded is None:
-        return comm.alltoall(tensor, splits, name=name)
-    received_splits = []
+def exchange(tensor, splits, name: str, recorded, carried=None):
+    """:func:`comm.alltoall` whose backward is deferred while gradients are collected, when
+    ``recorded`` (from :func:`recording`) is given: ``(received, received_splits, arrived)``.
+
+    ``carried``: ``(payload, payload_splits, tensor_splits_in)``, an int64 payload that travels
+    after each rank's part of ``tensor`` in the same all-to-all, without gradient;
+    ``tensor_splits_in`` (how much of ``tensor`` each rank sends this one, known to both
+    sides) tells the received payload apart. ``arrived``: ``(payload received, its splits)``,
+    or None without ``carried``."""
+    if recorded is None and carried is None:
+        return (*comm.alltoall(tensor, splits, name=name), None)
+    received_splits, arrived = [], []
 
     @tf.custom_gradient
     def run(x):
-        out, rsplits = comm.move(x, splits, name)
+        if carried is None:
+            out, rsplits = comm.move(x, splits, name)
+        else:
+            out, rsplits, got = _move_carrying(x, splits, *carried, name)
+            arrived.append(got)
         received_splits.append(rsplits)
 
         def grad(dy):
             stack = _collectors()
-            if not stack:
+            if recorded is None or not stack:
                 back, _ = comm.move(dy, rsplits, name + "_grad")
                 return back
             stack[-1].append(_Pending(tf.convert_to_tensor(dy), rsplits, splits, tensor,
@@ -103,7 +113,25 @@ def exchange(tensor, splits, name: str, recorded):
 
         return out, grad
 
-    return run(tensor), received_splits[0]
+    return run(tensor), received_splits[0], (arrived[0] if arrived else None)
+
+
+def _move_carrying(x, splits, payload, payload_splits, splits_in, name):
+    """:func:`comm.move` of ``x`` with ``payload`` (int64) after each rank's part, as units of
+    ``x``'s dtype: ``(x received, splits_in, (payload received, its splits))``."""
+    n = comm.size()
+    ratio = payload.dtype.size // x.dtype.size
+    units_splits = tf.cast(payload_splits, tf.int32) * ratio
+    parts = tf.split(x, splits, num=n)
+    carried = tf.split(_units(payload, x.dtype), units_splits, num=n)
+    send = tf.concat([t for j in range(n) for t in (parts[j], carried[j])], 0)
+    received, total = comm.move(send, tf.cast(splits, tf.int32) + units_splits, name)
+    splits_in = tf.cast(splits_in, tf.int32)
+    carried_in = total - splits_in
+    pieces = tf.split(received, tf.reshape(tf.stack([splits_in, carried_in], 1), [-1]),
+                      num=2 * n)
+    got = _from_units(tf.concat(pieces[1::2], 0), payload.dtype)
+    return tf.concat(pieces[0::2], 0), splits_in, (got, carried_in // ratio)
 
 
 def extra_bytes(world: int, dense_bytes: int) -> float:
@@ -175,7 +203,7 @@ def complete(grads, variables, local, name: str = "mmde_merged"):
 
 
 def _units(x, unit):
-    """``x`` flat, as ``unit`` elements (bit for bit)."""
+    """``x`` flat, as ``unit`` elements (bit for bit; ``unit`` no wider than ``x``'s)."""
     x = tf.reshape(x, [-1])
     return x if x.dtype == unit else tf.reshape(tf.bitcast(x, unit), [-1])
 

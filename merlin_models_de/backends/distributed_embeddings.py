@@ -160,8 +160,8 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
     # ---- one step ---------------------------------------------------------------------------
 
     def exchange_and_lookup(self, inputs, batch, header, check, training=False,
-                            ahead=None) -> list:
-        del ahead  # supports_ahead is False: never given
+                            ahead=None, next_ids=None) -> list:
+        del ahead, next_ids  # supports_ahead is False: never given
         checks = self.exchange_header(header, check)  # DE's own exchanges take no header
         with tf.control_dependencies(checks):
             ids = [tf.identity(tf.reshape(i, [-1])) for i, _ in inputs]

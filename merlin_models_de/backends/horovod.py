@@ -111,7 +111,7 @@ class HorovodBackend(EmbeddingBackend):
     # ---- one step -----------------------------------------------------------------------------
 
     def exchange_and_lookup(self, inputs, batch, header, check, training=False,
-                            ahead=None) -> list:
+                            ahead=None, next_ids=None) -> list:
         """The three stages; un-pooled (sequence) features come back as ``[ids, dim]`` rows
         in the order of their flat ids (the block restores the ragged / padded shape)."""
         r, n = self.routing, self.routing.world_size
@@ -121,7 +121,7 @@ class HorovodBackend(EmbeddingBackend):
             with deferred.recording(self._pooled_shards(), training and self.merge_backward
                                     ) as recorded:
                 vectors = self._local_lookup(ids_by_lookup)
-                from_owner = self._output_exchange(vectors, batch, after, recorded)
+                from_owner = self._output_exchange(vectors, batch, after, recorded, next_ids)
             if any(r.sequences(j) for j in range(n)):
                 self._sequence_exchange(vectors, inputs, from_owner, after)
             outputs = []
@@ -145,9 +145,9 @@ class HorovodBackend(EmbeddingBackend):
 
     supports_ahead = True
 
-    def send_ids(self, inputs, header, name):
-        """The first all-to-all: to each owner, the header then the ids of the one-hot lookups
-        it serves and the row lengths of its multi-hot ones (``(received, received_splits)``)."""
+    def id_message(self, inputs, header):
+        """The first all-to-all's message: to each owner, the header then the ids of the
+        one-hot lookups it serves and the row lengths of its multi-hot ones."""
         r, n = self.routing, self.routing.world_size
         segments = []
         for owner in range(n):
@@ -156,7 +156,7 @@ class HorovodBackend(EmbeddingBackend):
             seg += [inputs[l.feature][1] for l in lookups if l.multi_hot]
             segments.append(tf.concat(seg, axis=0))
         splits = tf.stack([tf.size(s, out_type=tf.int32) for s in segments])
-        return comm.alltoall(tf.concat(segments, 0), splits, name=name)
+        return tf.concat(segments, 0), splits
 
     def _input_exchange(self, inputs, batch, header, check, ahead=None):
         """Stage 1 (or, with ``ahead``, its result from the input pipeline). Returns per served
@@ -243,8 +243,9 @@ class HorovodBackend(EmbeddingBackend):
                 found[var.ref()] = var
         return list(found.values())
 
-    def _output_exchange(self, vectors, batch, after, recorded=None):
-        """Stage 3: per owner, ``{served index: [B, cols]}`` for this rank's samples.
+    def _output_exchange(self, vectors, batch, after, recorded=None, next_ids=None):
+        """Stage 3: per owner, ``{served index: [B, cols]}`` for this rank's samples; carries
+        ``next_ids`` (see :mod:`.lookahead`) when given.
 
         Each owner's message to a rank is lookup-major (all of lookup 0's ``[B, cols]``, then
         lookup 1's, ...), so both sides cut contiguous blocks: column splits of a
@@ -262,9 +263,14 @@ class HorovodBackend(EmbeddingBackend):
         # each [N*B, cols], rank-major rows
         flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled] + [anchor],
                                     axis=1), [-1])
-        received, _ = deferred.exchange(to_wire(flat, self.exchange_dtype),
-                                        tf.fill([n], b * widths[self.rank]) + after,
-                                        self.collective_name("vectors"), recorded)
+        carried = (None if next_ids is None else
+                   (next_ids.payload, next_ids.splits, tf.stack([b * w for w in widths])))
+        received, _, arrived = deferred.exchange(to_wire(flat, self.exchange_dtype),
+                                                 tf.fill([n], b * widths[self.rank]) + after,
+                                                 self.collective_name("vectors"), recorded,
+                                                 carried)
+        if arrived is not None:
+            self.lookahead.keep(next_ids, *arrived)
         received = from_wire(received, self.dtype)
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
             mine = [(k, l.shard.cols) for k, l in enumerate(r.served[j]) if not l.sequence]

@@ -3,10 +3,12 @@
 A step of the block on several ranks starts with an all-to-all of its batch's ids (with the
 header that every rank checks); nothing else can start before it returns. With the next
 batch in hand (``block/ahead.py`` pairs each batch with the next), step i instead sends batch
-i+1's ids at its start, beside its own work, and keeps what it received in variables; step
-i+1 starts from them, its lookups at once. The exchange still happens inside a step, so
-every rank runs it at the same point (a collective in an input pipeline's thread could be
-left half-run on one rank when another stops reading early).
+i+1's ids and keeps what it received in variables; step i+1 starts from them, its lookups at
+once. The ids ride in step i's rows' forward all-to-all (after each rank's rows: every
+collective costs a round of negotiation whatever its size), or go alone where the step has
+none. The exchange still happens inside a step, so every rank runs it at the same point (a
+collective in an input pipeline's thread could be left half-run on one rank when another
+stops reading early).
 
 The checks go with it: step i counts batch i+1's problems and sends the count in the header;
 step i+1 asserts them, as it would have, with this rank's first problem kept as a message.
@@ -17,8 +19,11 @@ rank received), so every rank takes the same branch of every collective.
 Example:
     >>> kept = Lookahead(backend)  # doctest: +SKIP
     >>> received, splits = kept.this_step(inputs, batch, problems)  # doctest: +SKIP
+    >>> kept.send(kept.next_ids(inputs_next, problems_next, (received, splits)))  # doctest: +SKIP
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import tensorflow as tf
 
@@ -65,31 +70,59 @@ class Lookahead:
         received, splits = tf.cond(self.kept, kept, now)
         return received, splits
 
-    def next_step(self, inputs, problems, after) -> None:
-        """Sends the next batch's ids and keeps what arrives; ``after``: this step's
+    def next_ids(self, inputs, problems, after) -> "NextIds":
+        """The next batch's id message, to be sent by this step; ``after``: this step's
         ``(received, splits)`` from :meth:`this_step`, checked.
 
-        The send waits for this step's checks (a data dependency on their result): a step
+        The message waits for this step's checks (a data dependency on their result): a step
         whose batch fails them fails on every rank before any rank sends, so no rank is left
         with a half-run collective that the next one would meet.
 
         Every step sends, also after the last batch (an empty one): ranks whose data ends at
         different steps (``steps_per_epoch`` below one rank's batches) still run the same
-        collectives. What arrives is kept only when every rank's next batch has samples, read
-        from the headers, the same on every rank."""
+        collectives."""
         b = self.backend
-        batch = batch_size(inputs)
-        count, deferred = b.local_problem_checks(inputs, batch, problems)
-        received, splits = b.send_ids(inputs, comm.after(tf.stack([batch, count]), after[0]),
-                                      b.collective_name("ids_next"))
+        count, deferred = b.local_problem_checks(inputs, batch_size(inputs), problems)
+        header = comm.after(tf.stack([batch_size(inputs), count]), after[0])
+        payload, splits = b.id_message(inputs, header)
         ok, message = first_problem(deferred)
+        return NextIds(payload, splits, ok, message, after[0])
+
+    def keep(self, sent: "NextIds", received, splits) -> None:
+        """Keeps what arrived of ``sent`` (by any of this step's exchanges) for the next step.
+
+        It is kept only when every rank's next batch has samples, read from the headers, the
+        same on every rank."""
+        sent.delivered = True
         sizes = tf.gather(received, tf.cumsum(tf.cast(splits, tf.int64), exclusive=True))
-        with tf.control_dependencies([after[0]]):
+        with tf.control_dependencies([sent.after]):  # this step read what was kept first
             self.received.assign(received)
             self.splits.assign(splits)
-            self.ok.assign(ok)
-            self.problem.assign(message)
+            self.ok.assign(sent.ok)
+            self.problem.assign(sent.message)
             self.kept.assign(tf.reduce_all(sizes > 0))
+
+    def send(self, sent: "NextIds") -> None:
+        """``sent`` in an all-to-all of its own (no exchange of this step carried it)."""
+        received, splits = comm.alltoall(sent.payload, sent.splits,
+                                         name=self.backend.collective_name("ids_next"))
+        self.keep(sent, received, splits)
+
+
+@dataclass
+class NextIds:
+    """The next batch's id message: to each rank, its header then the ids it serves.
+
+    A backend whose exchange of this step can carry it (the rows' forward all-to-all) sends it
+    there and calls :meth:`Lookahead.keep` with what arrived; otherwise
+    :meth:`Lookahead.send` sends it alone. Either way it is sent exactly once per step."""
+
+    payload: tf.Tensor  # int64, the segments of every rank in rank order
+    splits: tf.Tensor  # int32 [ranks]: each segment's size
+    ok: tf.Tensor  # this rank's next batch passed its local checks
+    message: tf.Tensor  # else the first failing check, as one line
+    after: tf.Tensor  # this step's received ids: read before anything is kept
+    delivered: bool = False
 
 
 def first_problem(deferred):

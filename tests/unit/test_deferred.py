@@ -45,8 +45,9 @@ def test_one_process_exchanges_at_once_and_completes_nothing():
             rows = tf.gather(table, [1, 3])
         assert recorded is None
         with deferred.collecting():
-            received, _ = deferred.exchange(tf.reshape(rows, [-1]), tf.constant([4]), "v",
-                                            recorded)
+            received, _, arrived = deferred.exchange(tf.reshape(rows, [-1]),
+                                                     tf.constant([4]), "v", recorded)
+            assert arrived is None
             loss = tf.reduce_sum(received * 3.0)
             grad, = tape.gradient(loss, [table])
             grads, averaged = deferred.complete([grad], [table], [True])

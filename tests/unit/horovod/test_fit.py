@@ -97,12 +97,12 @@ def test_fit_evaluate_predict_match_one_process(hvd, tmp_path_factory, optimizer
     assert model.train_function.experimental_get_tracing_count() == 1
     if backend == "horovod":
         # the step's rounds: the rows forward and one all-to-all back (rows and the dense
-        # average, backends/deferred.py); the ids go a step ahead with tf.data (the first
-        # step's own exchange only when nothing is kept), else before the lookups
+        # average, backends/deferred.py); with tf.data the next batch's ids ride in the rows
+        # forward (the step's own "ids" exchange runs only when nothing is kept), else the
+        # ids go before the lookups
         rounds = sorted(re.sub(r"^mmde_.*_[0-9a-f]{8}_", "", name.rsplit("/", 1)[-1])
                         for name in collectives(model.train_function))
-        assert rounds == (["ids", "ids_next", "mmde_merged", "vectors"] if feed == "tf.data"
-                          else ["ids", "mmde_merged", "vectors"]), rounds
+        assert rounds == ["ids", "mmde_merged", "vectors"], rounds
 
     final = fc.snapshot(model)
     # Adam divides by sqrt(v): rows with tiny gradients magnify float round-off of the
