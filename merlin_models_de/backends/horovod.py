@@ -124,9 +124,13 @@ class HorovodBackend(EmbeddingBackend):
                 from_owner = self._output_exchange(vectors, batch, after, recorded, next_ids)
             if any(r.sequences(j) for j in range(n)):
                 self._sequence_exchange(vectors, inputs, from_owner, after)
-            outputs = []
+            outputs, anchored = [], []
             for i, f in enumerate(self.features):
                 parts = []
+                # pooled rows came through the rows' exchange, which read the anchor
+                anchored.append(all(p.kind in MODEL_PARALLEL
+                                    and not r.served[p.owner][p.index].sequence
+                                    for p in r.pieces[i]))
                 for p in r.pieces[i]:
                     if p.kind in MODEL_PARALLEL:
                         parts.append(from_owner[p.owner][p.index])
@@ -139,9 +143,14 @@ class HorovodBackend(EmbeddingBackend):
                 outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
         # Every output reads the anchor (adding an exact 0), so it has a gradient (0) on every
         # rank, also where no send is empty; otherwise Keras warns at each fit that
-        # "Gradients do not exist for variables ['exchange_anchor']".
-        zero = tf.reduce_sum(self.empty_send())
-        return [out + tf.cast(zero, out.dtype) for out in outputs]
+        # "Gradients do not exist for variables ['exchange_anchor']". Pooled rows read it
+        # once, in the rows' exchange (one op, not one per output and one in its gradient).
+        return [out if done else out + self.anchor_zero()
+                for out, done in zip(outputs, anchored)]
+
+    def anchor_zero(self):
+        """An exact 0 that reads the anchor (see ``empty_send``), in the block's dtype."""
+        return tf.reduce_sum(self.empty_send())
 
     supports_ahead = True
 
@@ -190,7 +199,9 @@ class HorovodBackend(EmbeddingBackend):
             n_oh, n_mh = r.counts(self.rank)
             body = tf.reshape(received, [n, 2 + batch * (n_oh + n_mh)])[:, 2:]
             body = tf.reshape(body, [n, n_oh + n_mh, batch])
-            per_lookup = [(tf.reshape(body[:, k, :], [-1]), None) for k in range(n_oh)]
+            # each one-hot lookup's ids from every rank: one transpose, not a slice each
+            one_hot = tf.reshape(tf.transpose(body[:, :n_oh, :], [1, 0, 2]), [n_oh, -1])
+            per_lookup = [(ids, None) for ids in tf.unstack(one_hot, num=n_oh)] if n_oh else []
             # every rank joins the values exchange when any rank serves a multi-hot lookup
             if any(r.counts(j)[1] for j in range(n)):
                 per_lookup += self._multi_hot_exchange(values, value_splits, body[:, n_oh:, :],
@@ -271,7 +282,8 @@ class HorovodBackend(EmbeddingBackend):
                                                  carried)
         if arrived is not None:
             self.lookahead.keep(next_ids, *arrived)
-        received = from_wire(received, self.dtype)
+        # the anchor, read once for every pooled output (see exchange_and_lookup)
+        received = from_wire(received, self.dtype) + self.anchor_zero()
         for j, chunk in enumerate(tf.split(received, [b * wj for wj in widths])):
             mine = [(k, l.shard.cols) for k, l in enumerate(r.served[j]) if not l.sequence]
             pieces = tf.split(chunk, [b * c for _, c in mine]) if mine else []

@@ -1,8 +1,8 @@
 """The next batch inside each training step, so that the step can start its id exchange.
 
 A step of the block on several ranks starts with an all-to-all of its batch's ids, and its
-lookups wait for it. With the next batch at hand, step i sends batch i+1's ids beside its own
-work and step i+1 starts from what arrived (:mod:`merlin_models_de.backends.lookahead`; the
+lookups wait for it. With the next batch at hand, step i sends batch i+1's ids with its own
+rows and step i+1 starts from what arrived (:mod:`merlin_models_de.backends.lookahead`; the
 way TorchRec's train pipeline starts the next batch's input distribution early). This module
 brings the next batch to the block under plain ``fit``:
 

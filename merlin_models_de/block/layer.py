@@ -90,8 +90,8 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             data-parallel and row-sliced tables are not rounded. None (default): the
             block's dtype. ``horovod`` backend only.
         exchange_ahead: With ``fit``'s ``tf.data`` input on several ranks (``horovod``
-            backend), each training step sends the next batch's ids beside its own work and
-            the next step starts from them: one exchange less before its lookups
+            backend), each training step sends the next batch's ids with its rows and the
+            next step starts from them: one exchange less before its lookups
             (:mod:`merlin_models_de.block.ahead`). Default True; the result is the same.
         merge_backward: In a training step on several ranks (``horovod`` backend), the
             rows' gradients go back to their owners in the same all-to-all that averages
