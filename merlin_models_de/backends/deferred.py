@@ -16,6 +16,9 @@ recorded only this rank's lookup (:func:`recording`). Anywhere else (a custom lo
 ``tape.gradient``) the exchange sends its gradient back at once, as a plain all-to-all does.
 Every rank makes the same choice: the same model, the same optimizer, the same sizes.
 
+The rows' forward exchange may also carry a payload without gradient (the next batch's ids,
+``lookahead.py``): one collective fewer per step.
+
 Example:
     >>> with recording(shards, enabled=True) as recorded:  # doctest: +SKIP
     ...     received, splits, _ = exchange(rows, splits, "vectors", recorded)
@@ -87,8 +90,8 @@ def exchange(tensor, splits, name: str, recorded, carried=None):
     ``carried``: ``(payload, payload_splits, tensor_splits_in)``, an int64 payload that travels
     after each rank's part of ``tensor`` in the same all-to-all, without gradient;
     ``tensor_splits_in`` (how much of ``tensor`` each rank sends this one, known to both
-    sides) tells the received payload apart. ``arrived``: ``(payload received, its splits)``,
-    or None without ``carried``."""
+    sides) tells the received payload apart, and is the ``received_splits`` returned.
+    ``arrived``: ``(payload received, its splits)``, or None without ``carried``."""
     if recorded is None and carried is None:
         return (*comm.alltoall(tensor, splits, name=name), None)
     received_splits, arrived = [], []

@@ -145,7 +145,7 @@ class HorovodBackend(EmbeddingBackend):
         # rank, also where no send is empty; otherwise Keras warns at each fit that
         # "Gradients do not exist for variables ['exchange_anchor']". Pooled rows read it
         # once, in the rows' exchange (one op, not one per output and one in its gradient).
-        return [out if done else out + self.anchor_zero()
+        return [out if done else out + tf.cast(self.anchor_zero(), out.dtype)
                 for out, done in zip(outputs, anchored)]
 
     def anchor_zero(self):
@@ -274,6 +274,8 @@ class HorovodBackend(EmbeddingBackend):
         # each [N*B, cols], rank-major rows
         flat = tf.reshape(tf.concat([tf.reshape(v, [n, -1]) for v in pooled] + [anchor],
                                     axis=1), [-1])
+        # what each owner sends this rank: b * its width (check_headers asserted that every
+        # rank's batch has this rank's size before any lookup), which tells the ids apart
         carried = (None if next_ids is None else
                    (next_ids.payload, next_ids.splits, tf.stack([b * w for w in widths])))
         received, _, arrived = deferred.exchange(to_wire(flat, self.exchange_dtype),

@@ -71,8 +71,9 @@ class Lookahead:
         return received, splits
 
     def next_ids(self, inputs, problems, after) -> "NextIds":
-        """The next batch's id message, to be sent by this step; ``after``: this step's
-        ``(received, splits)`` from :meth:`this_step`, checked.
+        """The next batch's id message, which this step sends (in one of the backend's
+        exchanges, or alone: :meth:`send`); ``after``: this step's ``(received, splits)`` from
+        :meth:`this_step`, checked.
 
         The message waits for this step's checks (a data dependency on their result): a step
         whose batch fails them fails on every rank before any rank sends, so no rank is left

@@ -74,17 +74,18 @@ def test_average_gradients_groups_by_dtype_keeps_none_and_densifies_slices(hvd):
     assert comm.average_gradients([None, None]) == [None, None]
 
 
-@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.float64])
 def test_ids_ride_after_the_rows_bit_for_bit_and_the_rows_alone_get_a_gradient(hvd, dtype):
     """``deferred.exchange`` with a payload (the next batch's ids, backends/lookahead.py):
     each rank's int64 ids travel after its rows to each rank, in rows' units, whatever
-    their bits (NaN patterns, negatives); sizes differ by rank and destination."""
+    their bits (NaN patterns, negatives); sizes differ by rank and destination, and rank 0
+    sends rank 0 no rows."""
     from merlin_models_de.backends import deferred
 
     n, r = comm.size(), comm.rank()
-    # rank r sends rank j 3(j + 1) rows holding 10 r + j, and r + 2j + 1 ids
-    splits = tf.constant([3 * (j + 1) for j in range(n)], tf.int32)
-    x = tf.cast(tf.constant(np.concatenate([np.full(3 * (j + 1), 10.0 * r + j)
+    # rank r sends rank j 3(j + r) rows holding 10 r + j, and r + 2j + 1 ids
+    splits = tf.constant([3 * (j + r) for j in range(n)], tf.int32)
+    x = tf.cast(tf.constant(np.concatenate([np.full(3 * (j + r), 10.0 * r + j)
                                             for j in range(n)])), dtype)
 
     def ids(src, dst):  # NaN bit patterns as floats of either width, signs alternating
@@ -93,14 +94,14 @@ def test_ids_ride_after_the_rows_bit_for_bit_and_the_rows_alone_get_a_gradient(h
 
     payload = tf.constant(sum((ids(r, j) for j in range(n)), []), tf.int64)
     payload_splits = tf.constant([r + 2 * j + 1 for j in range(n)], tf.int32)
-    splits_in = tf.constant([3 * (r + 1)] * n, tf.int32)
+    splits_in = tf.constant([3 * (src + r) for src in range(n)], tf.int32)
     with tf.GradientTape() as tape:
         tape.watch(x)
         got, got_splits, (arrived, arrived_splits) = deferred.exchange(
             x, splits, "carry_test", None, (payload, payload_splits, splits_in))
         loss = tf.reduce_sum(tf.cast(got, tf.float32) * 2.0)
     np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), np.concatenate(
-        [np.full(3 * (r + 1), 10.0 * src + r) for src in range(n)]))
+        [np.full(3 * (src + r), 10.0 * src + r) for src in range(n)]))
     np.testing.assert_array_equal(got_splits.numpy(), splits_in.numpy())
     np.testing.assert_array_equal(arrived.numpy(), sum((ids(src, r) for src in range(n)), []))
     np.testing.assert_array_equal(arrived_splits.numpy(), [src + 2 * r + 1 for src in range(n)])
