@@ -145,7 +145,8 @@ class HorovodBackend(EmbeddingBackend):
         # rank, also where no send is empty; otherwise Keras warns at each fit that
         # "Gradients do not exist for variables ['exchange_anchor']". Pooled rows read it
         # once, in the rows' exchange (one op, not one per output and one in its gradient).
-        return [out if done else out + tf.cast(self.anchor_zero(), out.dtype)
+        zero = self.anchor_zero() if not all(anchored) else None  # read once per call
+        return [out if done else out + tf.cast(zero, out.dtype)
                 for out, done in zip(outputs, anchored)]
 
     def anchor_zero(self):

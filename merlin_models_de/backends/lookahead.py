@@ -83,8 +83,9 @@ class Lookahead:
         different steps (``steps_per_epoch`` below one rank's batches) still run the same
         collectives."""
         b = self.backend
-        count, deferred = b.local_problem_checks(inputs, batch_size(inputs), problems)
-        header = comm.after(tf.stack([batch_size(inputs), count]), after[0])
+        batch = batch_size(inputs)
+        count, deferred = b.local_problem_checks(inputs, batch, problems)
+        header = comm.after(tf.stack([batch, count]), after[0])
         payload, splits = b.id_message(inputs, header)
         ok, message = first_problem(deferred)
         return NextIds(payload, splits, ok, message, after[0])
