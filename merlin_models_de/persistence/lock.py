@@ -1,7 +1,8 @@
 """One writer at a time in a checkpoint directory: an exclusive lock file.
 
-A save takes ``directory/.lock`` (created with ``O_CREAT | O_EXCL``, so exactly one writer
-succeeds) for as long as it writes, and removes it at the end. The file names its holder:
+A save takes ``directory/.lock`` (created with its holder in it by a hard link, which like
+``O_CREAT | O_EXCL`` fails when the file exists, so exactly one writer succeeds) for as long
+as it writes, and removes it at the end. The file names its holder:
 host, pid, job id and start time. A second job that tries to save meanwhile is refused with
 an error naming that holder, instead of both writing (and pruning) the same directory.
 
@@ -16,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -28,6 +30,11 @@ from merlin_models_de.persistence.files import StorageError
 LOCK = ".lock"
 # A lock from another host is trusted this long (a save of the largest tables takes minutes).
 STALE_AFTER_SECONDS = 6 * 3600
+# errors of ``link`` on file systems without hard links (the lock is then made in two steps)
+_NO_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV,
+             errno.EMLINK)
+# how long a lock made in two steps may be seen empty before it is judged as it is
+_WRITING_SECONDS = 0.5
 _JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "HOROVOD_JOB_ID")
 
 
@@ -89,6 +96,10 @@ class DirectoryLock:
             if self._create():
                 return
             other = self._read()
+            age = self._age()
+            if other == {} and age is not None and age < _WRITING_SECONDS:
+                time.sleep(_WRITING_SECONDS)  # a holder without hard links writing it now
+                other = self._read()
             if other is None:
                 continue
             why = self._stale(other)
@@ -113,6 +124,32 @@ class DirectoryLock:
             _remove(self.path)
 
     def _create(self) -> bool:
+        """Creates the lock with its holder already in it, or returns False if it exists.
+
+        The holder is written to a file of this writer's own, which is then hard-linked as
+        the lock: ``link`` fails when the lock exists, like ``O_EXCL``, and a job that finds
+        the lock always finds its holder (created empty and written after, a lock read in
+        between named nobody). Where the file system has no hard links, the lock is created
+        with ``O_EXCL`` and written after; :meth:`acquire` waits out that moment.
+        """
+        own = f"{self.path}.{self.token}"
+        try:
+            self._write(os.open(own, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            try:
+                os.link(own, self.path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"Cannot create the checkpoint lock {self.path}: "
+                               f"{exc.strerror or exc}") from exc
+        finally:
+            _remove(own)
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -120,11 +157,14 @@ class DirectoryLock:
         except OSError as exc:
             raise StorageError(f"Cannot create the checkpoint lock {self.path}: "
                                f"{exc.strerror or exc}") from exc
+        self._write(fd)
+        return True
+
+    def _write(self, fd: int) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(self.holder, f)
             f.flush()
             os.fsync(f.fileno())
-        return True
 
     def _read(self):
         """The holder recorded in the lock file; None when it is gone; ``{}`` if unreadable
@@ -148,13 +188,20 @@ class DirectoryLock:
                 return "this process left it (an interrupted save)"
             if not _alive(other["pid"]):
                 return f"process {other['pid']} no longer runs on this host"
-        try:
-            age = time.time() - os.path.getmtime(self.path)
-        except OSError:
+        age = self._age()
+        if age is None:
             return None
         if age > STALE_AFTER_SECONDS:
             return f"it is {age / 3600:.1f} h old (more than {STALE_AFTER_SECONDS / 3600:g} h)"
         return None
+
+
+    def _age(self) -> float | None:
+        """Seconds since the lock file was last written; None when it is gone."""
+        try:
+            return time.time() - os.path.getmtime(self.path)
+        except OSError:
+            return None
 
 
 def _remove(path: str) -> None:

@@ -70,6 +70,50 @@ def test_two_concurrent_jobs_never_destroy_the_directory(tmp_path):
     assert restore_checkpoint(fresh, directory)["step"] == 14
 
 
+def test_a_lock_is_never_seen_without_its_holder(tmp_path, sleeper):
+    # the lock appears with its content (a hard link of the holder's own file): a job that
+    # loses the race names the winner, and no file of the making is left behind
+    from merlin_models_de.persistence import lock
+
+    directory = str(tmp_path / "ckpt")
+    first, second = lock.DirectoryLock(directory), lock.DirectoryLock(directory)
+    first.holder["pid"] = sleeper.pid  # another live process of this host holds it
+    first.acquire()
+    assert sorted(os.listdir(directory)) == [".lock"]
+    with open(first.path, encoding="utf-8") as f:
+        assert json.load(f)["token"] == first.token
+    with pytest.raises(lock.CheckpointLockedError, match=rf"pid={sleeper.pid}, "):
+        second.acquire()
+    first.release()
+    assert os.listdir(directory) == []
+
+
+def test_without_hard_links_a_lock_being_written_is_waited_for(tmp_path, monkeypatch):
+    import threading
+
+    from merlin_models_de.persistence import lock
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    directory = str(tmp_path / "ckpt")
+    mine = lock.DirectoryLock(directory)
+    mine.acquire()  # made in two steps
+    with open(mine.path, encoding="utf-8") as f:
+        assert json.load(f)["token"] == mine.token
+    mine.release()
+    # another job created the lock and writes its holder a moment later
+    open(os.path.join(directory, ".lock"), "w").close()
+    writer = threading.Timer(0.1, write_lock, (directory,),
+                             dict(host="elsewhere", pid=7, job="job-7", started=time.time()))
+    writer.start()
+    with pytest.raises(lock.CheckpointLockedError, match=r"host='elsewhere', pid=7, job='job-7'"):
+        lock.DirectoryLock(directory).acquire()
+    writer.join()
+    assert os.listdir(directory) == [".lock"]
+
+
 @pytest.fixture(name="sleeper")
 def _sleeper():
     """A live process of this host, not this one (the holder of a lock)."""
