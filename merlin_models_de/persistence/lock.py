@@ -96,8 +96,8 @@ class DirectoryLock:
             if self._create():
                 return
             other = self._read()
-            age = self._age()
-            if other == {} and age is not None and age < _WRITING_SECONDS:
+            age = self._age() if other == {} else None  # an empty lock: how new is it
+            if age is not None and age < _WRITING_SECONDS:
                 time.sleep(_WRITING_SECONDS)  # a holder without hard links writing it now
                 other = self._read()
             if other is None:
@@ -133,32 +133,36 @@ class DirectoryLock:
         with ``O_EXCL`` and written after; :meth:`acquire` waits out that moment.
         """
         own = f"{self.path}.{self.token}"
+        fd = self._new_file(own)
+        if fd is None:
+            return False
         try:
-            self._write(os.open(own, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            try:
-                os.link(own, self.path)
-                return True
-            except FileExistsError:
-                return False
-            except OSError as exc:
-                if exc.errno not in _NO_LINKS:
-                    raise
+            self._write(fd)
+            os.link(own, self.path)
+            return True
         except FileExistsError:
             return False
         except OSError as exc:
-            raise StorageError(f"Cannot create the checkpoint lock {self.path}: "
-                               f"{exc.strerror or exc}") from exc
+            if exc.errno not in _NO_LINKS:
+                raise StorageError(f"Cannot create the checkpoint lock {self.path}: "
+                                   f"{exc.strerror or exc}") from exc
         finally:
             _remove(own)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        fd = self._new_file(self.path)
+        if fd is None:
             return False
+        self._write(fd)
+        return True
+
+    def _new_file(self, path: str) -> int | None:
+        """A descriptor of ``path``, created now; None when it exists."""
+        try:
+            return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return None
         except OSError as exc:
             raise StorageError(f"Cannot create the checkpoint lock {self.path}: "
                                f"{exc.strerror or exc}") from exc
-        self._write(fd)
-        return True
 
     def _write(self, fd: int) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -194,7 +198,6 @@ class DirectoryLock:
         if age > STALE_AFTER_SECONDS:
             return f"it is {age / 3600:.1f} h old (more than {STALE_AFTER_SECONDS / 3600:g} h)"
         return None
-
 
     def _age(self) -> float | None:
         """Seconds since the lock file was last written; None when it is gone."""
