@@ -21,7 +21,8 @@ The rows' forward exchange may also carry a payload without gradient (the next b
 
 Example:
     >>> with recording(shards, enabled=True) as recorded:  # doctest: +SKIP
-    ...     received, splits, _ = exchange(rows, splits, "vectors", recorded)
+    ...     received, _ = exchange([[rows_to_0], [rows_to_1]], sizes, incoming, "vectors",
+    ...                            recorded)
 """
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ _state = threading.local()  # .collectors: a stack, the innermost gradient compu
 class _Pending:
     """One exchange whose backward waits for :func:`complete`."""
 
-    dy: tf.Tensor  # the gradient of what this rank received, in received order
+    dys: list  # per source rank, the gradients of the blocks received from it
     back_splits: tf.Tensor  # what this rank received from each rank: what goes back
-    sent_splits: tf.Tensor  # what this rank sent each rank: what comes back
-    sent: tf.Tensor  # the exchange's input, recorded by ``tape`` from ``sources``
+    sizes: list  # per destination rank, the sizes of the blocks sent to it: what comes back
+    sent: list  # the blocks sent (destination-major), recorded by ``tape`` from ``sources``
     tape: tf.GradientTape
     sources: list
     name: str
@@ -83,58 +84,95 @@ def recording(sources, enabled: bool):
         yield tape, sources
 
 
-def exchange(tensor, splits, name: str, recorded, carried=None):
-    """:func:`comm.alltoall` whose backward is deferred while gradients are collected, when
-    ``recorded`` (from :func:`recording`) is given: ``(received, received_splits, arrived)``.
+def exchange(blocks, sizes, incoming, name: str, recorded, carried=None):
+    """The rows' all-to-all, block by block: ``(received blocks, arrived)``; its backward is
+    deferred while gradients are collected, when ``recorded`` (from :func:`recording`) is given.
 
-    ``carried``: ``(payload, payload_splits, tensor_splits_in)``, an int64 payload that travels
-    after each rank's part of ``tensor`` in the same all-to-all, without gradient;
-    ``tensor_splits_in`` (how much of ``tensor`` each rank sends this one, known to both
-    sides) tells the received payload apart, and is the ``received_splits`` returned.
-    ``arrived``: ``(payload received, its splits)``, or None without ``carried``."""
-    if recorded is None and carried is None:
-        return (*comm.alltoall(tensor, splits, name=name), None)
-    received_splits, arrived = [], []
+    Blocks, not one tensor, so that no side copies the rows more than once: the owner's
+    gathered rows go into the send buffer in one concat, each received block is a view of the
+    received buffer (when its size keeps it aligned), and in the backward each block's gradient
+    goes to its own lookup without being joined and split again (measured on Criteo, rank 0:
+    the column split of the joined gradient alone took 2.6 ms a step in TF's profiler).
+
+    Args:
+        blocks: Per destination rank, the 1-D tensors this rank sends it, in order (one dtype).
+        sizes: Per destination rank, an int32 vector: the sizes of those blocks.
+        incoming: Per source rank, an int32 vector of static length: the sizes of the blocks
+            it sends this rank (known to both sides).
+        carried: ``(payload, payload_splits)``: an int64 payload sent after each destination's
+            blocks in the rows' units, without gradient (its sizes per destination).
+
+    Returns:
+        Per source rank the list of its blocks, and ``arrived``: ``(payload received, its
+        splits)``, or None without ``carried``.
+    """
+    n = len(blocks)
+    flat = [b for dest in blocks for b in dest]
+    totals = tf.stack([tf.reduce_sum(s) for s in sizes])
+    totals_in = tf.stack([tf.reduce_sum(s) for s in incoming])
+    counts = [int(s.shape[0]) for s in incoming]
+    arrived, arrived_splits = [], []
 
     @tf.custom_gradient
-    def run(x):
+    def run(*sent):
+        pieces, splits = [], totals
         if carried is None:
-            out, rsplits = comm.move(x, splits, name)
+            per_dest = [[] for _ in range(n)]
         else:
-            out, rsplits, got = _move_carrying(x, splits, *carried, name)
-            arrived.append(got)
-        received_splits.append(rsplits)
+            payload, payload_splits = carried
+            ratio = payload.dtype.size // sent[0].dtype.size
+            units_splits = tf.cast(payload_splits, tf.int32) * ratio
+            per_dest = [[p] for p in tf.split(_units(payload, sent[0].dtype), units_splits,
+                                              num=n)]
+            splits = totals + units_splits
+        start = 0
+        for j, dest in enumerate(blocks):
+            pieces += list(sent[start:start + len(dest)]) + per_dest[j]
+            start += len(dest)
+        received, received_splits = comm.move(tf.concat(pieces, 0), splits, name)
+        layout = list(incoming)
+        if carried is not None:  # after each source's blocks, what remains is its payload
+            carried_in = received_splits - totals_in
+            arrived_splits.append(carried_in)
+            layout = [t for j in range(n) for t in (incoming[j], carried_in[j:j + 1])]
+        parts = tf.split(received, tf.concat(layout, 0), num=sum(counts) + n * (carried
+                                                                                is not None))
+        rows, at = [], 0
+        for count in counts:
+            rows.append(list(parts[at:at + count]))
+            at += count
+            if carried is not None:
+                arrived.append(parts[at])
+                at += 1
 
-        def grad(dy):
+        def grad(*dys):
+            dys = [tf.zeros_like(r) if d is None else d
+                   for r, d in zip([r for source in rows for r in source], dys)]
             stack = _collectors()
             if recorded is None or not stack:
-                back, _ = comm.move(dy, rsplits, name + "_grad")
-                return back
-            stack[-1].append(_Pending(tf.convert_to_tensor(dy), rsplits, splits, tensor,
+                back, _ = comm.move(tf.concat(dys, 0) if dys else tf.zeros([0], sent[0].dtype),
+                                    totals_in, name + "_grad")
+                return tf.split(back, tf.concat(sizes, 0), num=len(sent))
+            per_source, at = [], 0
+            for count in counts:
+                per_source.append(dys[at:at + count])
+                at += count
+            stack[-1].append(_Pending(per_source, totals_in, list(sizes), list(sent),
                                       *recorded, name))
-            return None  # the tables' gradients come from complete()
+            return [None] * len(sent)  # the tables' gradients come from complete()
 
-        return out, grad
+        return [r for source in rows for r in source], grad
 
-    return run(tensor), received_splits[0], (arrived[0] if arrived else None)
-
-
-def _move_carrying(x, splits, payload, payload_splits, splits_in, name):
-    """:func:`comm.move` of ``x`` with ``payload`` (int64) after each rank's part, as units of
-    ``x``'s dtype: ``(x received, splits_in, (payload received, its splits))``."""
-    n = comm.size()
-    ratio = payload.dtype.size // x.dtype.size
-    units_splits = tf.cast(payload_splits, tf.int32) * ratio
-    parts = tf.split(x, splits, num=n)
-    carried = tf.split(_units(payload, x.dtype), units_splits, num=n)
-    send = tf.concat([t for j in range(n) for t in (parts[j], carried[j])], 0)
-    received, total = comm.move(send, tf.cast(splits, tf.int32) + units_splits, name)
-    splits_in = tf.cast(splits_in, tf.int32)
-    carried_in = total - splits_in
-    pieces = tf.split(received, tf.reshape(tf.stack([splits_in, carried_in], 1), [-1]),
-                      num=2 * n)
-    got = _from_units(tf.concat(pieces[1::2], 0), payload.dtype)
-    return tf.concat(pieces[0::2], 0), splits_in, (got, carried_in // ratio)
+    received = run(*flat)
+    out, at = [], 0
+    for count in counts:
+        out.append(list(received[at:at + count]))
+        at += count
+    if carried is None:
+        return out, None
+    dtype = carried[0].dtype
+    ratio = dtype.size // flat[0].dtype.size
+    return out, (_from_units(tf.concat(arrived, 0), dtype), arrived_splits[0] // ratio)
 
 
 def extra_bytes(world: int, dense_bytes: int) -> float:
@@ -165,40 +203,54 @@ def complete(grads, variables, local, name: str = "mmde_merged"):
     sizes = [variables[i].shape.num_elements() for i in dense]
     if extra_bytes(n, 4 * sum(sizes)) > MAX_EXTRA_BYTES:
         dense, sizes = [], []
-    unit = tf.float32 if all(e.dy.dtype == tf.float32 for e in entries) else tf.uint16
+    unit = tf.float32 if all(e.sent[0].dtype == tf.float32 for e in entries) else tf.uint16
     flat = (tf.concat([tf.reshape(tf.convert_to_tensor(grads[i]), [-1]) for i in dense], 0)
             if dense else tf.zeros([0], tf.float32))
     dense_units = sum(sizes) * (4 // unit.size)
-    ratios = [e.dy.dtype.size // unit.size for e in entries]
-
-    # to each owner: every exchange's rows for it, then the whole dense gradient
-    parts = [tf.split(_units(e.dy, unit), e.back_splits * r, num=n)
-             for e, r in zip(entries, ratios)]
+    # padded to 64 bytes, so that the next rank's rows start aligned and the received buffer
+    # splits into views instead of copies
+    padded = -(-dense_units * unit.size // 64) * 64 // unit.size
     dense_sent = _units(flat, unit)
-    send = tf.concat([p for o in range(n) for p in [k[o] for k in parts] + [dense_sent]], 0)
+    if padded > dense_units:
+        dense_sent = tf.concat([dense_sent, tf.zeros([padded - dense_units], unit)], 0)
+    ratios = [e.sent[0].dtype.size // unit.size for e in entries]
+
+    # to each owner: every exchange's blocks from it, then the whole dense gradient
+    pieces = []
+    for o in range(n):
+        pieces += [_units(d, unit) for e in entries for d in e.dys[o]] + [dense_sent]
     send_splits = tf.add_n([tf.cast(e.back_splits, tf.int32) * r
-                            for e, r in zip(entries, ratios)]) + dense_units
-    received, _ = comm.move(send, send_splits, name)
-    # from each rank: every exchange's rows this rank owns, then that rank's dense gradient
-    per_rank = [tf.cast(e.sent_splits, tf.int32) * r for e, r in zip(entries, ratios)]
-    layout = tf.reshape(tf.stack(per_rank + [tf.fill([n], dense_units)], axis=1), [-1])
-    pieces = tf.split(received, layout, num=n * (len(entries) + 1))
-    stride = len(entries) + 1
+                            for e, r in zip(entries, ratios)]) + padded
+    received, _ = comm.move(tf.concat(pieces, 0), send_splits, name)
+    # from each rank: every exchange's blocks sent to it, then that rank's dense gradient
+    layout = []
+    for o in range(n):
+        layout += [tf.cast(e.sizes[o], tf.int32) * r for e, r in zip(entries, ratios)]
+        layout.append(tf.constant([padded], tf.int32))
+    count = sum(int(e.sizes[o].shape[0]) for o in range(n) for e in entries) + n
+    parts = iter(tf.split(received, tf.concat(layout, 0), num=count))
+    back = [[] for _ in entries]
+    dense_in = []
+    for o in range(n):
+        for k, e in enumerate(entries):
+            back[k] += [next(parts) for _ in range(int(e.sizes[o].shape[0]))]
+        dense_in.append(next(parts))
+    if padded > dense_units:
+        dense_in = [d[:dense_units] for d in dense_in]
 
     position = {v.ref(): i for i, v in enumerate(variables)}
-    for k, e in enumerate(entries):
-        back = _from_units(tf.concat([pieces[r * stride + k] for r in range(n)], 0), e.dy.dtype)
+    for e, blocks in zip(entries, back):
         if not e.sources:
             continue  # this rank's shards are frozen: its rows' gradients are not needed
+        dtype = e.sent[0].dtype
         table_grads = e.tape.gradient(e.sent, e.sources,
-                                      output_gradients=tf.reshape(back, tf.shape(e.sent)))
+                                      output_gradients=[_from_units(b, dtype) for b in blocks])
         for var, g in zip(e.sources, table_grads):
             i = position.get(var.ref())
             if i is not None and g is not None:
                 grads[i] = _added(grads[i], g)
     if dense:
-        total = tf.add_n([_from_units(pieces[r * stride + stride - 1], tf.float32)
-                          for r in range(n)]) / n
+        total = tf.add_n([_from_units(d, tf.float32) for d in dense_in]) / n
         for i, part in zip(dense, tf.split(total, sizes)):
             grads[i] = tf.reshape(part, variables[i].shape)
             averaged[i] = True
@@ -207,6 +259,8 @@ def complete(grads, variables, local, name: str = "mmde_merged"):
 
 def _units(x, unit):
     """``x`` flat, as ``unit`` elements (bit for bit; ``unit`` no wider than ``x``'s)."""
+    if x.dtype == unit and x.shape.rank == 1:
+        return x
     x = tf.reshape(x, [-1])
     return x if x.dtype == unit else tf.reshape(tf.bitcast(x, unit), [-1])
 

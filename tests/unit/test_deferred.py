@@ -45,9 +45,11 @@ def test_one_process_exchanges_at_once_and_completes_nothing():
             rows = tf.gather(table, [1, 3])
         assert recorded is None
         with deferred.collecting():
-            received, _, arrived = deferred.exchange(tf.reshape(rows, [-1]),
-                                                     tf.constant([4]), "v", recorded)
+            (received,), arrived = deferred.exchange(
+                [[tf.reshape(rows, [-1])]], [tf.constant([4])], [tf.constant([4])], "v",
+                recorded)
             assert arrived is None
+            received, = received
             loss = tf.reduce_sum(received * 3.0)
             grad, = tape.gradient(loss, [table])
             grads, averaged = deferred.complete([grad], [table], [True])

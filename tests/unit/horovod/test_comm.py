@@ -77,16 +77,20 @@ def test_average_gradients_groups_by_dtype_keeps_none_and_densifies_slices(hvd):
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16, tf.float16, tf.float64])
 def test_ids_ride_after_the_rows_bit_for_bit_and_the_rows_alone_get_a_gradient(hvd, dtype):
     """``deferred.exchange`` with a payload (the next batch's ids, backends/lookahead.py):
-    each rank's int64 ids travel after its rows to each rank, in rows' units, whatever
-    their bits (NaN patterns, negatives); sizes differ by rank and destination, and rank 0
-    sends rank 0 no rows."""
+    each rank's blocks reach each rank in order, its int64 ids travel after them in rows'
+    units, whatever their bits (NaN patterns, negatives); sizes differ by rank and
+    destination, rank 0 sends rank 0 empty blocks, and each block gets its own gradient."""
     from merlin_models_de.backends import deferred
 
     n, r = comm.size(), comm.rank()
-    # rank r sends rank j 3(j + r) rows holding 10 r + j, and r + 2j + 1 ids
-    splits = tf.constant([3 * (j + r) for j in range(n)], tf.int32)
-    x = tf.cast(tf.constant(np.concatenate([np.full(3 * (j + r), 10.0 * r + j)
-                                            for j in range(n)])), dtype)
+
+    def sizes(src, dst):  # rank src sends rank dst two blocks: (j + r) and 2 (j + r) rows
+        return [src + dst, 2 * (src + dst)]
+
+    def block(src, dst, k):  # holding 10 src + dst + 100 k
+        return np.full(sizes(src, dst)[k], 10.0 * src + dst + 100.0 * k)
+
+    blocks = [[tf.cast(tf.constant(block(r, j, k)), dtype) for k in range(2)] for j in range(n)]
 
     def ids(src, dst):  # NaN bit patterns as floats of either width, signs alternating
         return [(0x7FF8000000000000 + 1000 * src + 10 * dst + k) * (-1) ** k
@@ -94,16 +98,21 @@ def test_ids_ride_after_the_rows_bit_for_bit_and_the_rows_alone_get_a_gradient(h
 
     payload = tf.constant(sum((ids(r, j) for j in range(n)), []), tf.int64)
     payload_splits = tf.constant([r + 2 * j + 1 for j in range(n)], tf.int32)
-    splits_in = tf.constant([3 * (src + r) for src in range(n)], tf.int32)
     with tf.GradientTape() as tape:
-        tape.watch(x)
-        got, got_splits, (arrived, arrived_splits) = deferred.exchange(
-            x, splits, "carry_test", None, (payload, payload_splits, splits_in))
-        loss = tf.reduce_sum(tf.cast(got, tf.float32) * 2.0)
-    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), np.concatenate(
-        [np.full(3 * (src + r), 10.0 * src + r) for src in range(n)]))
-    np.testing.assert_array_equal(got_splits.numpy(), splits_in.numpy())
+        tape.watch(blocks)
+        got, (arrived, arrived_splits) = deferred.exchange(
+            blocks, [tf.constant(sizes(r, j)) for j in range(n)],
+            [tf.constant(sizes(src, r)) for src in range(n)], "carry_test", None,
+            (payload, payload_splits))
+        loss = sum(tf.reduce_sum(tf.cast(b, tf.float32) * (2.0 + k))
+                   for source in got for k, b in enumerate(source))
+    for src in range(n):
+        for k in range(2):
+            np.testing.assert_array_equal(tf.cast(got[src][k], tf.float32).numpy(),
+                                          block(src, r, k))
     np.testing.assert_array_equal(arrived.numpy(), sum((ids(src, r) for src in range(n)), []))
     np.testing.assert_array_equal(arrived_splits.numpy(), [src + 2 * r + 1 for src in range(n)])
-    np.testing.assert_array_equal(tf.cast(tape.gradient(loss, x), tf.float32).numpy(),
-                                  np.full(x.shape, 2.0))
+    for j, grads in enumerate(tape.gradient(loss, blocks)):
+        for k, g in enumerate(grads):
+            np.testing.assert_array_equal(tf.cast(g, tf.float32).numpy(),
+                                          np.full(sizes(r, j)[k], 2.0 + k))
