@@ -137,13 +137,12 @@ def exchange(blocks, sizes, incoming, name: str, recorded, carried=None):
             layout = [t for j in range(n) for t in (incoming[j], carried_in[j:j + 1])]
         parts = tf.split(received, tf.concat(layout, 0), num=sum(counts) + n * (carried
                                                                                 is not None))
-        rows, at = [], 0
-        for count in counts:
-            rows.append(list(parts[at:at + count]))
-            at += count
-            if carried is not None:
-                arrived.append(parts[at])
-                at += 1
+        if carried is not None:  # each source's payload is the last of its group
+            grouped = _grouped(parts, [c + 1 for c in counts])
+            rows = [g[:-1] for g in grouped]
+            arrived.extend(g[-1] for g in grouped)
+        else:
+            rows = _grouped(parts, counts)
 
         def grad(*dys):
             dys = [tf.zeros_like(r) if d is None else d
@@ -153,26 +152,27 @@ def exchange(blocks, sizes, incoming, name: str, recorded, carried=None):
                 back, _ = comm.move(tf.concat(dys, 0) if dys else tf.zeros([0], sent[0].dtype),
                                     totals_in, name + "_grad")
                 return tf.split(back, tf.concat(sizes, 0), num=len(sent))
-            per_source, at = [], 0
-            for count in counts:
-                per_source.append(dys[at:at + count])
-                at += count
-            stack[-1].append(_Pending(per_source, totals_in, list(sizes), list(sent),
+            stack[-1].append(_Pending(_grouped(dys, counts), totals_in, list(sizes), list(sent),
                                       *recorded, name))
             return [None] * len(sent)  # the tables' gradients come from complete()
 
         return [r for source in rows for r in source], grad
 
-    received = run(*flat)
-    out, at = [], 0
-    for count in counts:
-        out.append(list(received[at:at + count]))
-        at += count
+    out = _grouped(run(*flat), counts)
     if carried is None:
         return out, None
     dtype = carried[0].dtype
     ratio = dtype.size // flat[0].dtype.size
     return out, (_from_units(tf.concat(arrived, 0), dtype), arrived_splits[0] // ratio)
+
+
+def _grouped(items, counts) -> list:
+    """``items`` cut into consecutive lists of ``counts[i]`` items."""
+    out, at = [], 0
+    for count in counts:
+        out.append(list(items[at:at + count]))
+        at += count
+    return out
 
 
 def extra_bytes(world: int, dense_bytes: int) -> float:
