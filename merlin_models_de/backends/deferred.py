@@ -133,7 +133,7 @@ def exchange(blocks, sizes, incoming, name: str, recorded, carried=None):
         layout = list(incoming)
         if carried is not None:  # after each source's blocks, what remains is its payload
             carried_in = received_splits - totals_in
-            arrived_splits.append(carried_in)
+            arrived_splits.append(carried_in // ratio)  # in the payload's own units
             layout = [t for j in range(n) for t in (incoming[j], carried_in[j:j + 1])]
         parts = tf.split(received, tf.concat(layout, 0), num=sum(counts) + n * (carried
                                                                                 is not None))
@@ -161,9 +161,7 @@ def exchange(blocks, sizes, incoming, name: str, recorded, carried=None):
     out = _grouped(run(*flat), counts)
     if carried is None:
         return out, None
-    dtype = carried[0].dtype
-    ratio = dtype.size // flat[0].dtype.size
-    return out, (_from_units(tf.concat(arrived, 0), dtype), arrived_splits[0] // ratio)
+    return out, (_from_units(tf.concat(arrived, 0), carried[0].dtype), arrived_splits[0])
 
 
 def _grouped(items, counts) -> list:

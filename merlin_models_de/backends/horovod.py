@@ -282,9 +282,9 @@ class HorovodBackend(EmbeddingBackend):
             cols = [l.shard.cols for l in r.served[owner] if not l.sequence] + [0]
             return b * tf.constant(cols, tf.int32) + after
 
-        mine = sizes(self.rank)
+        incoming = [sizes(j) for j in range(n)]
         carried = None if next_ids is None else (next_ids.payload, next_ids.splits)
-        received, arrived = deferred.exchange(blocks, [mine] * n, [sizes(j) for j in range(n)],
+        received, arrived = deferred.exchange(blocks, [incoming[self.rank]] * n, incoming,
                                               self.collective_name("vectors"), recorded,
                                               carried)
         if arrived is not None:
