@@ -79,7 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-table-rows", type=int, default=None)
     ap.add_argument("--optimizers", default="sgd,adagrad")
     ap.add_argument("--strategies", default="memory_optimized")
-    ap.add_argument("--column-slice-threshold", type=int, default=2**24)
+    ap.add_argument("--column-slice-threshold", type=int, default=None,
+                    help="the DLRM command's --column-slice-threshold for the sharded runs "
+                         "(default: none, the command's own plan; column slices cost a "
+                         "gather and an update per slice: docs/benchmarks.md)")
     ap.add_argument("--skip", default="", help="comma list of runs to leave out, e.g. "
                                                "data-parallel,no-validation")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
@@ -115,8 +118,9 @@ def _runs(args) -> list[dict]:
         backends = [b for b in BACKEND_NAMES if b != AUTO and is_installed(b)]
         for backend in backends:
             for i, strategy in enumerate(args.strategies.split(",")):
-                place = dist + ["--backend", backend, "--strategy", strategy,
-                                "--column-slice-threshold", str(args.column_slice_threshold)]
+                place = dist + ["--backend", backend, "--strategy", strategy]
+                if args.column_slice_threshold is not None:
+                    place += ["--column-slice-threshold", str(args.column_slice_threshold)]
                 runs.append({"name": f"{backend}/{strategy}", "optimizer": opt, "ranks": n,
                              "args": place})
                 if backend == "horovod" and i == 0:

@@ -233,8 +233,6 @@ def complete(grads, variables, local, name: str = "mmde_merged"):
         for k, e in enumerate(entries):
             back[k] += [next(parts) for _ in range(int(e.sizes[o].shape[0]))]
         dense_in.append(next(parts))
-    if padded > dense_units:
-        dense_in = [d[:dense_units] for d in dense_in]
 
     position = {v.ref(): i for i, v in enumerate(variables)}
     for e, blocks in zip(entries, back):
@@ -248,8 +246,11 @@ def complete(grads, variables, local, name: str = "mmde_merged"):
             if i is not None and g is not None:
                 grads[i] = _added(grads[i], g)
     if dense:
+        # summed with their padding (zeros), which the split then drops: slicing each
+        # received part first would copy every one of them
         total = tf.add_n([_from_units(d, tf.float32) for d in dense_in]) / n
-        for i, part in zip(dense, tf.split(total, sizes)):
+        pad = (padded - dense_units) * unit.size // 4
+        for i, part in zip(dense, tf.split(total, sizes + [pad] if pad else sizes)):
             grads[i] = tf.reshape(part, variables[i].shape)
             averaged[i] = True
     return grads, averaged
