@@ -17,7 +17,8 @@ Every run is repeated ``--repeats`` times (the repeats interleaved: run 1 of eve
 configuration, then run 2, ...), so the machine's drift touches all configurations alike.
 Speed is global samples/s over the warm epochs (the first epoch, with tracing and table
 initialization, is reported apart): the median over repeats with its min-max spread, ratios to
-``single`` and ``data-parallel`` taken between medians. A repeat during whose warm epochs the
+``single`` and ``data-parallel`` taken between medians, and against ``single`` also paired (the
+median of each round's ratio, which the host's drift between rounds moves less). A repeat during whose warm epochs the
 hypervisor took more than ``--max-steal`` of the host's CPU time (``steal`` in /proc/stat: the
 VM's cores were ready and ran someone else) is run again, up to ``--steal-retries`` times: such
 a run measures the neighbours, not the code. Memory is each rank's embedding bytes
@@ -220,7 +221,8 @@ def _repeat(rep: dict, seconds: float) -> dict:
             "peak_rss_per_rank": last["peak_rss_bytes"], "final_loss": last["loss"],
             "val_auc": last["val_auc"], "seconds": seconds,
             "cpu_per_1000_samples": rep.get("warm_cpu_per_1000_samples"),
-            "host_steal_share": rep.get("warm_host_steal_share")}
+            "host_steal_share": rep.get("warm_host_steal_share"),
+            "round": rep.get("bench_round")}
 
 
 def _row(run, reps, single, dp) -> dict:
@@ -260,6 +262,9 @@ def _row(run, reps, single, dp) -> dict:
     for key, ref in (("single", single), ("data_parallel", dp)):
         if ref is not None:
             row[f"x_{key}"] = row["warm_samples_per_second"] / ref["warm_samples_per_second"]
+            paired = _paired_ratios(repeats, ref.get("repeats"))
+            if paired:
+                row[f"paired_x_{key}"] = statistics.median(paired)
             if row["steady_samples_per_second"] and ref["steady_samples_per_second"]:
                 row[f"steady_x_{key}"] = (row["steady_samples_per_second"]
                                           / ref["steady_samples_per_second"])
@@ -268,9 +273,29 @@ def _row(run, reps, single, dp) -> dict:
     return row
 
 
+def _paired_ratios(repeats: list, ref_repeats: list | None) -> list[float]:
+    """Each repeat's warm speed over the reference's repeat of the same round.
+
+    The repeats are interleaved, so a round's runs are minutes apart; the host's speed moves
+    by more than that between rounds (one process's CPU seconds per sample moved by 45% within
+    one session here, with nothing stolen), and the median of these ratios follows less of it
+    than the ratio of the medians."""
+    if not ref_repeats:
+        return []
+
+    def round_of(k, repeat):  # where no round was recorded, the position is the round
+        return k if repeat.get("round") is None else repeat["round"]
+
+    by_round = {round_of(k, ref): ref for k, ref in enumerate(ref_repeats)}
+    pairs = [(r, by_round.get(round_of(k, r))) for k, r in enumerate(repeats)]
+    return [r["warm_samples_per_second"] / ref["warm_samples_per_second"]
+            for r, ref in pairs if ref is not None]
+
+
 def markdown(rows: list[dict]) -> str:
     """The results as a markdown table (speeds: median over repeats, min-max beside)."""
     head = ("| run | opt | ranks | warm samples/s (median) | min-max (spread) | x single | "
+            "x single, paired (median of each round's ratio) | "
             "x data-parallel | steady samples/s (batch / median step) | steady x single | "
             "slowest step (ms) | 1st epoch samples/s | time to 1st step (s) | emb bytes/rank "
             "(max, share) | peak RSS/rank (max) | RSS x data-parallel | CPU s per 1k samples "
@@ -282,7 +307,7 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['run']} | {r['optimizer']} | {r['ranks']} | "
             f"{fmt(r['warm_samples_per_second'], ',.0f')} | "
             f"{r['warm_min']:,.0f}-{r['warm_max']:,.0f} ({r['warm_spread']:.0%}) | "
-            f"{fmt(r.get('x_single'), '.2f')} | "
+            f"{fmt(r.get('x_single'), '.2f')} | {fmt(r.get('paired_x_single'), '.2f')} | "
             f"{fmt(r.get('x_data_parallel'), '.2f')} | "
             f"{fmt(r.get('steady_samples_per_second'), ',.0f')} | "
             f"{fmt(r.get('steady_x_single'), '.2f')} | {r.get('slowest_step', 0) * 1e3:,.0f} | "
@@ -363,7 +388,9 @@ def main(argv=None) -> int:
             "merlin_models_de.apps.dlrm", repeated, args,
             lambda r: f"{r['name'].replace('/', '_')}-{r['optimizer']}-{r['repeat'] + 1}.json",
             _label, failed):
-        done[(run["name"], run["optimizer"])].append((rep, seconds))
+        # the round, so that ratios pair a repeat with the reference's of the same round
+        done[(run["name"], run["optimizer"])].append(({**rep, "bench_round": run["repeat"]},
+                                                      seconds))
         stolen = rep.get("warm_host_steal_share")
         print(f"   {rep['warm_samples_per_second']:,.0f} samples/s warm, first step after "
               f"{rep['time_to_first_step']:.1f} s, run {seconds:.0f} s"

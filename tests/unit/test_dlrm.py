@@ -382,6 +382,39 @@ def test_bench_rows_take_the_median_of_their_repeats_and_keep_each():
     assert [r["host_steal_share"] for r in row["repeats"]] == [0.03, 0.01, 0.02]
     assert row["host_steal_share"] == 0.03
     assert "| 3.0% | 0.6000 |" in markdown([row])
+    assert "paired_x_single" not in row  # the reference kept no repeats
+
+
+def test_bench_pairs_each_repeat_with_the_reference_of_its_round():
+    """Paired ratios follow the host's drift between rounds: each repeat over the reference's
+    repeat of the same round (a round the reference lost is left out), then the median."""
+    from merlin_models_de.apps.bench import _paired_ratios, _row
+
+    def rep(sps, round_):
+        return {"warm_samples_per_second": sps, "round": round_}
+
+    single = [rep(100.0, 0), rep(60.0, 1), rep(50.0, 2)]
+    assert _paired_ratios([rep(80.0, 0), rep(45.0, 2)], single) == pytest.approx([0.8, 0.9])
+    assert _paired_ratios([rep(80.0, 3)], single) == []
+    assert _paired_ratios([rep(80.0, 0)], None) == []
+    # without recorded rounds the position is the round
+    assert _paired_ratios([{"warm_samples_per_second": 30.0}],
+                          [{"warm_samples_per_second": 60.0}]) == [0.5]
+
+    def report(sps, round_):
+        return {"warm_samples_per_second": sps, "first_epoch_samples_per_second": 1.0,
+                "time_to_first_step": 1.0, "global_batch": 128, "total_embedding_bytes": 200,
+                "warm_step_seconds": None, "bench_round": round_,
+                "epochs": [{"steps": 16}, {"steps": 16, "peak_rss_bytes": [1], "loss": 0.5,
+                                           "val_auc": 0.6, "embedding_bytes": [100]}]}
+
+    run = {"name": "horovod/x", "optimizer": "sgd", "ranks": 2}
+    ref = _row({**run, "name": "single", "ranks": 1},
+               [(report(s, k), 1.0) for k, s in enumerate([300.0, 100.0, 400.0])], None, None)
+    row = _row(run, [(report(s, k), 1.0) for k, s in enumerate([300.0, 100.0, 200.0])],
+               ref, None)
+    assert row["x_single"] == pytest.approx(200 / 300)  # between medians
+    assert row["paired_x_single"] == pytest.approx(1.0)  # median of 1.0, 1.0, 0.5
 
 
 def test_bench_runs_a_repeat_again_while_the_hypervisor_took_too_much_cpu(monkeypatch, capsys):
