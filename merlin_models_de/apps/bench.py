@@ -18,13 +18,13 @@ configuration, then run 2, ...), so the machine's drift touches all configuratio
 Speed is global samples/s over the warm epochs (the first epoch, with tracing and table
 initialization, is reported apart): the median over repeats with its min-max spread, ratios to
 ``single`` and ``data-parallel`` taken between medians, and against ``single`` also paired (the
-median of each round's ratio, which the host's drift between rounds moves less). A repeat during whose warm epochs the
-hypervisor took more than ``--max-steal`` of the host's CPU time (``steal`` in /proc/stat: the
-VM's cores were ready and ran someone else) is run again, up to ``--steal-retries`` times: such
-a run measures the neighbours, not the code. Memory is each rank's embedding bytes
-and peak resident memory (the largest over repeats). For the first ``horovod/<strategy>`` run
-of each optimizer, :mod:`merlin_models_de.apps.step_breakdown` then times the pieces of one
-step (compute, id exchange, row exchange forward / backward, dense allreduce, id
+median of each round's ratio, which the host's drift between rounds moves less). A repeat
+during whose warm epochs the hypervisor took more than ``--max-steal`` of the host's CPU time
+(``steal`` in /proc/stat: the VM's cores were ready and ran someone else) is run again, up to
+``--steal-retries`` times: such a run measures the neighbours, not the code. Memory is each
+rank's embedding bytes and peak resident memory (the largest over repeats). For the first
+``horovod/<strategy>`` run of each optimizer, :mod:`merlin_models_de.apps.step_breakdown`
+then times the pieces of one step (compute, id exchange, row exchange forward / backward, dense allreduce, id
 validation) against the step's time. Output: markdown tables on stdout and in
 ``<out>/bench.md``, everything (every repeat, every piece) in ``<out>/bench.json``, a plot of
 samples/s and peak memory per rank in ``<out>/bench.png`` (with the capacity curve when
