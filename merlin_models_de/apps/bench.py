@@ -24,8 +24,8 @@ during whose warm epochs the hypervisor took more than ``--max-steal`` of the ho
 ``--steal-retries`` times: such a run measures the neighbours, not the code. Memory is each
 rank's embedding bytes and peak resident memory (the largest over repeats). For the first
 ``horovod/<strategy>`` run of each optimizer, :mod:`merlin_models_de.apps.step_breakdown`
-then times the pieces of one step (compute, id exchange, row exchange forward / backward, dense allreduce, id
-validation) against the step's time. Output: markdown tables on stdout and in
+then times the pieces of one step (compute, id exchange, row exchange forward / backward,
+dense allreduce, id validation) against the step's time. Output: markdown tables on stdout and in
 ``<out>/bench.md``, everything (every repeat, every piece) in ``<out>/bench.json``, a plot of
 samples/s and peak memory per rank in ``<out>/bench.png`` (with the capacity curve when
 ``python -m merlin_models_de.apps.capacity --out <out>`` ran first).
