@@ -249,8 +249,8 @@ def complete(grads, variables, local, name: str = "mmde_merged"):
         # summed with their padding (zeros), which the split then drops: slicing each
         # received part first would copy every one of them
         total = tf.add_n([_from_units(d, tf.float32) for d in dense_in]) / n
-        pad = (padded - dense_units) * unit.size // 4
-        for i, part in zip(dense, tf.split(total, sizes + [pad] if pad else sizes)):
+        pad = (padded - dense_units) * unit.size // 4  # floats, 0 when already aligned
+        for i, part in zip(dense, tf.split(total, sizes + [pad])):
             grads[i] = tf.reshape(part, variables[i].shape)
             averaged[i] = True
     return grads, averaged
