@@ -45,6 +45,7 @@ def launch_local_rank() -> int:
 
 
 _SINGLE = []  # non-empty while single_process() is active
+_HOROVOD_THREADS: list[int] = []  # OS ids of the threads Horovod's init started here
 
 
 class single_process:  # pylint: disable=invalid-name
@@ -89,8 +90,23 @@ def hvd():
     import horovod.tensorflow as h
 
     if not h.is_initialized():
-        h.init()
+        before = _thread_ids()
+        h.init()  # returns once its loop and transport threads run
+        _HOROVOD_THREADS[:] = sorted(_thread_ids() - before)
     return h
+
+
+def _thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:  # no /proc: nothing to name
+        return set()
+
+
+def horovod_threads() -> tuple[int, ...]:
+    """OS ids of the threads Horovod started in this process (its coordination loop and its
+    transport's), known where :func:`hvd` initialized Horovod on Linux; empty otherwise."""
+    return tuple(_HOROVOD_THREADS)
 
 
 def size() -> int:

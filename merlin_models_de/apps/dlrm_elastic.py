@@ -5,8 +5,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.apps.dlrm_run import (configure_threads, datasets_for, metrics, model_for,
-                                            optimizer_for)
+from merlin_models_de.apps.cores import configure_threads
+from merlin_models_de.apps.dlrm_run import datasets_for, metrics, model_for, optimizer_for
 from merlin_models_de.apps.elastic_command import train_elastically, write_report
 
 

@@ -10,56 +10,8 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.apps.cli import LOCAL_TABLES
+from merlin_models_de.apps.cores import configure_threads
 from merlin_models_de.apps.defaults import LEARNING_RATES
-
-
-def core_share(allowed, local_rank: int, local_size: int) -> list[int] | None:
-    """This rank's cores: an equal slice, by its index on the host, of the cores the process
-    may use, disjoint from the other ranks' slices; None with one rank or fewer cores than
-    ranks (nothing to split).
-
-    Example:
-        >>> core_share({0, 1, 2, 3}, 1, 2)
-        [2, 3]
-    """
-    if local_size < 2 or len(allowed) < local_size:
-        return None
-    per = len(allowed) // local_size
-    return sorted(allowed)[local_rank * per:(local_rank + 1) * per]
-
-
-def bind_to_core_share() -> list[int] | None:
-    """Binds every thread of this process (and those it starts later) to its
-    :func:`core_share`; returns the cores, or None where nothing was split.
-
-    Ranks that share a host's cores otherwise migrate between them: each wait in an exchange
-    hands a core to another rank's thread, and the step resumes with cold caches. Measured on
-    2 ranks of a 2-core host: +16% samples/s (docs/benchmarks.md)."""
-    share = core_share(os.sched_getaffinity(0), comm.launch_local_rank(), comm.launch_env()[2])
-    if share is None:
-        return None
-    for tid in os.listdir("/proc/self/task"):  # threads already running (imports start some)
-        try:
-            os.sched_setaffinity(int(tid), share)
-        except OSError:  # a thread that just ended
-            pass
-    return share
-
-
-def configure_threads(cpu_threads: int | None, bind: bool = True) -> int:
-    """TF threads per rank: the host's cores shared among its ranks (oversubscribed TF pools on
-    a shared host cost more than the lost parallelism). Without ``cpu_threads`` (the share
-    decided here) and with ``bind``, each rank is also bound to its own cores
-    (:func:`bind_to_core_share`); elastic runs do not bind: their ranks per host change."""
-    threads = cpu_threads or max(1, len(os.sched_getaffinity(0)) // comm.launch_env()[2])
-    if cpu_threads is None and bind:
-        bind_to_core_share()
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-    except RuntimeError:  # TF already running in this process (run() called from Python)
-        return tf.config.threading.get_intra_op_parallelism_threads()
-    return threads
 
 
 def datasets_for(args, size, rank):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.apps.dlrm_run import configure_threads, optimizer_for
+from merlin_models_de.apps.cores import configure_threads
+from merlin_models_de.apps.dlrm_run import optimizer_for
 from merlin_models_de.apps.elastic_command import train_elastically, write_report
 from merlin_models_de.apps.next_item_data import row_slice_threshold
 from merlin_models_de.apps.next_item_run import (evaluate_catalog, model_for, parquet_data,

@@ -15,8 +15,9 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.apps.dlrm_report import embedding_bytes, peak_rss_bytes
-from merlin_models_de.apps.dlrm_run import (RestOfEpoch, configure_threads, equal_steps_for,
-                                           optimizer_for, restore_for)
+from merlin_models_de.apps.cores import configure_threads
+from merlin_models_de.apps.dlrm_run import (RestOfEpoch, equal_steps_for, optimizer_for,
+                                           restore_for)
 from merlin_models_de.apps.next_item_data import ITEM, make_sessions, session_schema
 from merlin_models_de.apps.synthetic import rank_rows
 from merlin_models_de.tables import human_bytes

@@ -209,7 +209,7 @@ def summary(seconds: list[list[float]]) -> dict:
 def run(args) -> dict:
     """Times the pieces of ``args.part`` on every rank; returns the report (every rank)."""
     from merlin_models_de import comm
-    from merlin_models_de.apps.dlrm_run import configure_threads
+    from merlin_models_de.apps.cores import configure_threads
 
     threads = configure_threads(args.cpu_threads)
     import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
