@@ -213,7 +213,7 @@ def run(args, started: float, callbacks=()) -> dict:
         callbacks: Extra Keras callbacks, run after the report and the checkpoint ones.
     """
     threads = configure_threads(args.cpu_threads)
-    import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
+    import merlin.models.tf as mm  # noqa: F401  (Horovod is up: configure_threads or this)
 
     from merlin_models_de.persistence.checkpoint import CheckpointCallback
     from merlin_models_de.apps.dlrm_report import EpochReport

@@ -227,7 +227,7 @@ def _checkpoint_callback(args):
 def run(args, started: float) -> dict:
     """Trains and evaluates as ``args`` say; returns the report (rank 0 writes it)."""
     threads = configure_threads(args.cpu_threads)
-    import merlin.models.tf as mm  # initializes Horovod under horovodrun
+    import merlin.models.tf as mm  # Horovod is up: configure_threads or this
 
     phases = {"imports": time.perf_counter() - started}
     size, rank = comm.size(), comm.rank()

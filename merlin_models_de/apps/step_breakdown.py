@@ -212,7 +212,7 @@ def run(args) -> dict:
     from merlin_models_de.apps.cores import configure_threads
 
     threads = configure_threads(args.cpu_threads)
-    import merlin.models.tf as mm  # noqa: F401  (initializes Horovod under horovodrun)
+    import merlin.models.tf as mm  # noqa: F401  (Horovod is up: configure_threads or this)
 
     found = distributed_pieces(args) if args.part == "distributed" else compute_pieces(args)
     every = comm.allgather_object(found["pieces"], name="mmde_breakdown_gather")
