@@ -19,7 +19,8 @@ Everything a user calls is a name of this module (one import path each):
   ``GlobalInBatchSampler``, ``named_tables``;
 - serving (one process, the ``serving`` extra): ``load_model``, ``ranking_ensemble``,
   ``save_query_model``, ``build_faiss_index``, ``retrieval_ensemble``;
-- errors: ``StorageError`` (``CheckpointError`` is the same type), ``UnsupportedVersionError``.
+- errors: ``StorageError`` (a checkpoint, table export or saved model that cannot be read,
+  written or taken), ``UnsupportedVersionError``.
 
 Example:
     >>> import merlin_models_de
@@ -27,6 +28,7 @@ Example:
     >>> mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings  # doctest: +SKIP
     True
 """
+
 from merlin_models_de.compat.versions import UnsupportedVersionError
 from merlin_models_de.merlin.register import register
 from merlin_models_de.planner import Shard, ShardingPlan, ShardingType
@@ -44,14 +46,15 @@ _LAZY = {
     "latest_checkpoint": "merlin_models_de.persistence.checkpoint",
     "read_full_tables": "merlin_models_de.persistence.checkpoint",
     "CheckpointCallback": "merlin_models_de.persistence.checkpoint",
-    "CheckpointError": "merlin_models_de.persistence.files",
-    "StorageError": "merlin_models_de.persistence.files",
+    "StorageError": "merlin_models_de.persistence.io",
     "export_table": "merlin_models_de.persistence.table_export",
     "read_table": "merlin_models_de.persistence.table_export",
     "iter_table": "merlin_models_de.persistence.table_export",
     "DistributedGradientTape": "merlin_models_de.merlin.training",
     "broadcast_variables": "merlin_models_de.merlin.training",
     "loader_dataset": "merlin_models_de.merlin.input",
+    "OutOfRangeIdsReport": "merlin_models_de.merlin.id_report",
+    "out_of_range_ids": "merlin_models_de.merlin.id_report",
     "TiedCategoricalOutput": "merlin_models_de.outputs.tied",
     "ShardedTopK": "merlin_models_de.outputs.topk",
     "top_k_model": "merlin_models_de.outputs.topk",
@@ -63,12 +66,23 @@ _LAZY = {
     "build_faiss_index": "merlin_models_de.serving.faiss_index",
 }
 
-__all__ = sorted(["make_plan", "Shard", "ShardingPlan", "ShardingType", "FeatureSpec",
-                  "TableSpec", "tables_from_schema", "register", "UnsupportedVersionError",
-                  *_LAZY])
+__all__ = sorted(
+    [
+        "make_plan",
+        "Shard",
+        "ShardingPlan",
+        "ShardingType",
+        "FeatureSpec",
+        "TableSpec",
+        "tables_from_schema",
+        "register",
+        "UnsupportedVersionError",
+        *_LAZY,
+    ]
+)
 
 
-def __getattr__(name):
+def __getattr__(name):  # noqa: N807 (a module's __getattr__)
     if name in _LAZY:
         import importlib
 

@@ -10,17 +10,17 @@ Example:
     >>> comm.size(), comm.rank()  # doctest: +SKIP
     (1, 0)
 """
+
 from __future__ import annotations
 
-import os
-
 import importlib
+import os
 
 
 class _LazyTF:
     """``tf`` imported on first use, so importing this module never loads TensorFlow."""
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr):  # noqa: N807 (a module's __getattr__)
         return getattr(importlib.import_module("tensorflow"), attr)
 
 
@@ -35,8 +35,11 @@ def launch_env() -> tuple[int, int, int]:
     For command-line checks that must run before TensorFlow or Horovod load.
     """
     env = os.environ
-    return (int(env.get("HOROVOD_SIZE", 1)), int(env.get("HOROVOD_RANK", 0)),
-            int(env.get("HOROVOD_LOCAL_SIZE", 1)))
+    return (
+        int(env.get("HOROVOD_SIZE", 1)),
+        int(env.get("HOROVOD_RANK", 0)),
+        int(env.get("HOROVOD_LOCAL_SIZE", 1)),
+    )
 
 
 def launch_local_rank() -> int:
@@ -48,7 +51,7 @@ _SINGLE = []  # non-empty while single_process() is active
 _HOROVOD_THREADS: list[int] = []  # OS ids of the threads Horovod's init started here
 
 
-class single_process:  # pylint: disable=invalid-name
+class single_process:  # noqa: N801 (a context manager used like a function)
     """Context manager: inside it this process acts as world size 1 (no collectives).
 
     Used to build a plain single-process copy of a model, e.g. to export it for serving.
@@ -171,8 +174,9 @@ def move(tensor, splits, name=None):
     # Horovod's all-to-all has no bfloat16; it only moves bytes, so move the bits
     if tensor.dtype != tf.bfloat16:
         return h.alltoall(tensor, splits=splits, name=name, ignore_name_scope=bool(name))
-    out, rsplits = h.alltoall(tf.bitcast(tensor, tf.uint16), splits=splits, name=name,
-                              ignore_name_scope=bool(name))
+    out, rsplits = h.alltoall(
+        tf.bitcast(tensor, tf.uint16), splits=splits, name=name, ignore_name_scope=bool(name)
+    )
     return tf.bitcast(out, tf.bfloat16), rsplits
 
 
@@ -211,8 +215,12 @@ def average_gradients(grads, prefix="mmde_grad") -> list:
             by_dtype.setdefault(g.dtype.name, []).append(i)
     for dtype in sorted(by_dtype):
         positions = by_dtype[dtype]
-        averaged = h.grouped_allreduce([out[i] for i in positions], op=h.Average,
-                                       name=f"{prefix}_{dtype}", ignore_name_scope=True)
+        averaged = h.grouped_allreduce(
+            [out[i] for i in positions],
+            op=h.Average,
+            name=f"{prefix}_{dtype}",
+            ignore_name_scope=True,
+        )
         for i, value in zip(positions, averaged):
             out[i] = value
     return out
@@ -314,7 +322,7 @@ class _GenericNamesTape:
             return grad
         return divided(grad, self._size)
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr):  # noqa: N807 (a module's __getattr__)
         return getattr(self._tape, attr)
 
 

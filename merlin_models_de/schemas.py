@@ -6,6 +6,7 @@ Example:
     >>> schema = load_schema("criteo")  # doctest: +SKIP
     >>> schema = load_schema("/data/train")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,8 +38,10 @@ def load_schema(source: str):
     if os.path.isdir(source):
         found = schema_file_in(source)
         if found is None:
-            raise ValueError(f"Directory has no Merlin schema ({' or '.join(SCHEMA_FILES)}). "
-                             f"Received: schema={source!r}")
+            raise ValueError(
+                f"Directory has no Merlin schema ({' or '.join(SCHEMA_FILES)}). "
+                f"Received: schema={source!r}"
+            )
         return _read_schema_file(found)
     return synthetic_schema(source)
 
@@ -54,8 +57,9 @@ def _read_schema_file(path: str):
             schema = TensorflowMetadata.from_proto_text_file(folder, name).to_merlin_schema()
     except Exception as err:  # protobuf, JSON, I/O and decoding errors alike: name the file
         reason = " ".join(str(err).split()) or type(err).__name__
-        raise ValueError(f"Cannot read the Merlin schema file ({reason}). "
-                         f"Received: schema={path!r}") from err
+        raise ValueError(
+            f"Cannot read the Merlin schema file ({reason}). " f"Received: schema={path!r}"
+        ) from err
     if len(schema) == 0:
         raise ValueError(f"The Merlin schema file has no columns. Received: schema={path!r}")
     return schema
@@ -89,8 +93,10 @@ def check_synthetic_name(name: str) -> None:
     """
     names = synthetic_dataset_names()
     if names is not None and name not in names:
-        raise ValueError(f"Not a schema file, a dataset directory or a synthetic dataset name "
-                         f"({list(names)}). Received: schema={name!r}")
+        raise ValueError(
+            f"Not a schema file, a dataset directory or a synthetic dataset name "
+            f"({list(names)}). Received: schema={name!r}"
+        )
 
 
 def synthetic_schema(name: str):
@@ -99,6 +105,8 @@ def synthetic_schema(name: str):
     from merlin.datasets import synthetic
 
     if name not in synthetic.KNOWN_DATASETS:
-        raise ValueError(f"Not a schema file, a dataset directory or a synthetic dataset name "
-                         f"({sorted(synthetic.KNOWN_DATASETS)}). Received: schema={name!r}")
+        raise ValueError(
+            f"Not a schema file, a dataset directory or a synthetic dataset name "
+            f"({sorted(synthetic.KNOWN_DATASETS)}). Received: schema={name!r}"
+        )
     return synthetic.generate_data(name, 1).schema

@@ -11,6 +11,7 @@ Example:
     >>> [t.name for t in tables if len(t.features) > 1]  # doctest: +SKIP
     ['genres']
 """
+
 from __future__ import annotations
 
 import math
@@ -125,10 +126,12 @@ def _rows_of(column) -> int:
     if domain is None or domain.max is None:
         dtype = _dtype_name(column)
         # raw ids (strings, or integers nobody counted) need a dictionary first
-        fix = ("encode it with NVTabular's Categorify (nvt.ops.Categorify), which maps the "
-               "values to contiguous integer ids and writes the int_domain"
-               if dtype in ("string", "str", "object") or Tags.CATEGORICAL in column.tags
-               else "tag it CONTINUOUS or leave it out of the schema given to the embeddings")
+        fix = (
+            "encode it with NVTabular's Categorify (nvt.ops.Categorify), which maps the "
+            "values to contiguous integer ids and writes the int_domain"
+            if dtype in ("string", "str", "object") or Tags.CATEGORICAL in column.tags
+            else "tag it CONTINUOUS or leave it out of the schema given to the embeddings"
+        )
         raise ValueError(
             f"{kind} '{column.name}' has no cardinality, so it cannot be embedded: its schema "
             f"needs an integer dtype and an int_domain with a max (rows = max + 1); {fix}. "
@@ -254,7 +257,12 @@ def tables_from_schema(
         else:
             rows[table], dims[table], feats[table], first[table] = n_rows, width, [], col.name
         feats[table].append(
-            FeatureSpec(col.name, table, bool(col.is_list or col.is_ragged), _combiner_of(col, combiner, first[table]))
+            FeatureSpec(
+                col.name,
+                table,
+                bool(col.is_list or col.is_ragged),
+                _combiner_of(col, combiner, first[table]),
+            )
         )
     return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t])) for t in rows)
 

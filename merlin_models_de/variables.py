@@ -8,6 +8,7 @@ Example:
     >>> blocks = embedding_blocks(model)  # doctest: +SKIP
     >>> [v.name for v in local_variables(model)]  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 LOCAL_ATTR = "_mmde_local"  # set on a variable by the backend base class, read here only
@@ -120,7 +121,7 @@ def _named_slots(optimizer, var) -> dict:
     for candidate in optimizer_variables(optimizer):
         name = candidate.name
         if name.endswith(suffix) and candidate is not var:
-            head = name[:-len(suffix)]
+            head = name[: -len(suffix)]
             out[head.rsplit("/", 1)[-1]] = candidate
     return out
 

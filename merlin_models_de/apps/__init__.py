@@ -1,13 +1,21 @@
 """The command-line applications built on the library (the library never imports them).
 
-- ``plan``: print a placement plan (``merlin-models-de-plan``).
-- ``dlrm``: train DLRM under horovodrun (``merlin-models-de-dlrm``); ``dlrm_run`` and
-  ``dlrm_report`` are its run and its per-epoch report.
-- ``bench``: the benchmark harness (``merlin-models-de-bench``).
+One folder per command; a command imports only :mod:`~merlin_models_de.apps.common` and the
+library, never another command's folder (tests/unit/test_architecture.py checks it):
+
+- ``dlrm``: train DLRM under horovodrun (``python -m merlin_models_de.apps.dlrm``,
+  ``mmde-dlrm``): its run, its per-epoch report, its elastic run.
 - ``next_item``: train a next-item session model, the item table sharded
-  (``merlin-models-de-next-item``); ``next_item_run`` its run, ``next_item_data`` its
-  synthetic sessions, ``bench_next_item`` its benchmark rows.
-- ``cli``: what the training commands share for their options (one-line errors, exit 2).
-- ``synthetic``: deterministic per-rank synthetic data shaped like a Merlin schema.
-- ``defaults``: values the applications share (learning rates, optimizers).
+  (``python -m merlin_models_de.apps.next_item``, ``mmde-next-item``): its run, its
+  synthetic sessions, its elastic run.
+- ``bench``: the benchmarks (``python -m merlin_models_de.apps.bench``, ``mmde-bench``: the
+  DLRM bench), the next-item bench, the capacity search, the step breakdown, the cost model's
+  table, their plots.
+- ``tools``: the plan (``mmde-plan``), the link probe, the hosts check, the launcher bound to
+  one interface; each ``python -m merlin_models_de.apps.tools.<name>``.
+- ``common``: what several commands use: ``options``, ``console``, ``optimizers``,
+  ``epochs`` (the epoch loop), ``checkpoints`` (save, resume), ``reports`` (a rank's numbers),
+  ``cores`` (a rank's threads on its cores), ``synthetic`` data, ``elastic_training``, and
+  ``dlrm_options`` / ``dlrm_model``, which the DLRM command shares with the bench's step
+  breakdown.
 """

@@ -9,13 +9,16 @@ collectively. The base class does what must not differ between backends:
 - ``call`` counts this rank's input problems, makes the two-number header (batch size,
   problem count) and hands both to the backend's own exchange, which must deliver the header
   to every rank in its first collective (or call :meth:`exchange_header`) and run the checks
-  before any lookup, so bad input fails on every rank at once;
+  before any lookup, so bad input fails on every rank at once. A training step that brings
+  the next batch (``following``) goes to :meth:`step_ahead` instead, which backends that send
+  ids a step ahead implement (their checks travel with the ids);
 - ``get_table`` / ``set_table`` move whole tables through :meth:`shard_variable`.
 
 Example:
     >>> backend = create("horovod", plan, features, rank=0)  # doctest: +SKIP
     >>> backend.shard_variable(plan.shards_on(0)[0])  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import abc
@@ -23,18 +26,20 @@ import zlib
 from typing import Callable, ClassVar
 
 import numpy as np
-
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.runtime import agree
-from merlin_models_de.backends.lookahead import Lookahead
+from merlin_models_de.backends.horovod.wire import exchange_dtype_name
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
-from merlin_models_de.backends.validate import (batch_size, check_headers, ids_outside,
-                                               local_problems)
-from merlin_models_de.backends.wire import exchange_dtype_name
+from merlin_models_de.backends.validate import (
+    batch_size,
+    check_headers,
+    ids_outside,
+    local_problems,
+)
+from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
+from merlin_models_de.runtime import agree
 from merlin_models_de.variables import mark_local
 
 
@@ -52,8 +57,14 @@ class EmbeddingBackend(abc.ABC):
 
     name: ClassVar[str] = "base"
 
-    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True,
-                 exchange_dtype: str | None = None):
+    def __init__(
+        self,
+        plan: ShardingPlan,
+        features,
+        rank: int,
+        validate_ids: bool = True,
+        exchange_dtype: str | None = None,
+    ):
         features = tuple(features)
         problem = self.unsupported(features, exchange_dtype)
         if problem is not None:
@@ -68,10 +79,6 @@ class EmbeddingBackend(abc.ABC):
         self.prefix = "mmde"
         self.dtype = tf.float32  # the layer's variable dtype, set by build()
         self.out_of_range = None  # per-feature counts of unchecked ids, set by build()
-        self.lookahead = None  # the next batch's kept exchange (see lookahead.py), by build()
-        # the rows' backward may wait for the optimizer, merged with the dense average
-        # (deferred.py; backends that support it read this; the block's merge_backward)
-        self.merge_backward = True
         self._built = False
 
     @classmethod
@@ -101,19 +108,22 @@ class EmbeddingBackend(abc.ABC):
         # each rank initializes its own shards; later layers must not start differently
         with keras_compat.same_randomness_on_every_rank(draws=len(self.plan.tables)):
             # on several ranks each shard gets its own seed (see backends/shard_init.py)
-            self.init_seeds = (keras_compat.initializer_seeds() if self.world_size > 1
-                               else (None, None))
+            self.init_seeds = (
+                keras_compat.initializer_seeds() if self.world_size > 1 else (None, None)
+            )
             self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
             mark_local(var)
         # validate_ids=False on several ranks: ids outside their table are counted per feature
         # instead (a row-sliced table reads zero rows for them). Held outside Keras' tracking:
         # not a weight, never saved (a saved model is a one-process copy, which has no counter).
-        self.out_of_range = (tf.Variable(tf.zeros([len(self.features)], tf.int64),
-                                         trainable=False, name="out_of_range_ids")
-                             if not self.validate_ids and self.world_size > 1 else None)
-        if self.supports_ahead and self.world_size > 1:
-            self.lookahead = Lookahead(self)
+        self.out_of_range = (
+            tf.Variable(
+                tf.zeros([len(self.features)], tf.int64), trainable=False, name="out_of_range_ids"
+            )
+            if not self.validate_ids and self.world_size > 1
+            else None
+        )
         self._built = True
 
     @abc.abstractmethod
@@ -134,27 +144,29 @@ class EmbeddingBackend(abc.ABC):
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def call(self, inputs: list, training: bool = False, problems=(), ahead=None) -> list:
+    def call(
+        self, inputs: list, training: bool = False, problems=(), following=None, waiting=None
+    ) -> list:
         """Ordered list of ``(ids, row_lengths)`` -> ordered list of outputs.
 
         ``problems``: messages about this rank's inputs found before this call (a missing or
         malformed feature, replaced by a placeholder); they fail every rank after the header
-        exchange, as bad ids do. ``ahead``: ``(next inputs, their problems)``, the next batch
-        of a training step (empty after the last; see :mod:`.lookahead`), or None.
+        exchange, as bad ids do. ``following``: ``(next inputs, their problems)``, the next
+        batch of a training step (empty after the last), or None. ``waiting``: the training
+        step's list where the exchanges' backward waits for the optimizer
+        (``backends/step.py``), or None.
         """
         batch = batch_size(inputs)
         if self.out_of_range is not None:
             self.out_of_range.assign_add(ids_outside(inputs, self.features, self.tables))
-        if ahead is None or self.lookahead is None:
-            header, check = self.header_and_check(inputs, batch, problems)
-            return self.exchange_and_lookup(inputs, batch, header, check, training)
-        received = self.lookahead.this_step(inputs, batch, problems)
-        next_ids = self.lookahead.next_ids(*ahead, after=received)
-        outputs = self.exchange_and_lookup(inputs, batch, None, None, training, ahead=received,
-                                           next_ids=next_ids)
-        if not next_ids.delivered:  # no exchange of the backend carried them
-            self.lookahead.send(next_ids)
-        return outputs
+        if following is not None and self.supports_ahead and self.world_size > 1:
+            return self.step_ahead(inputs, batch, problems, following, training, waiting)
+        header, check = self.header_and_check(inputs, batch, problems)
+        return self.exchange_and_lookup(inputs, batch, header, check, training, waiting)
+
+    def step_ahead(self, inputs: list, batch, problems, following, training: bool, waiting) -> list:
+        """A training step that also sends the next batch's ids (``supports_ahead``)."""
+        raise NotImplementedError(f"backend {self.name!r} exchanges ids inside the step only")
 
     supports_ahead: ClassVar[bool] = False  # can a step exchange the next batch's ids?
 
@@ -169,8 +181,15 @@ class EmbeddingBackend(abc.ABC):
 
     def local_problem_checks(self, inputs, batch, problems=()):
         """(problem count, deferred checks) of this rank's ``inputs`` (see ``validate``)."""
-        return local_problems(inputs, self.features, self.tables, batch, problems,
-                              check_ids=self.validate_ids, require_samples=self.world_size > 1)
+        return local_problems(
+            inputs,
+            self.features,
+            self.tables,
+            batch,
+            problems,
+            check_ids=self.validate_ids,
+            require_samples=self.world_size > 1,
+        )
 
     def header_and_check(self, inputs, batch, problems):
         """(header, check): this rank's ``[batch size, problem count]`` and the checks to run
@@ -178,22 +197,20 @@ class EmbeddingBackend(abc.ABC):
         problems, deferred = self.local_problem_checks(inputs, batch, problems)
 
         def check(received, received_splits):
-            return check_headers(received, received_splits, batch, self.rank, self.world_size,
-                                 deferred)
+            return check_headers(
+                received, received_splits, batch, self.rank, self.world_size, deferred
+            )
 
         return tf.stack([batch, problems]), check
 
     @abc.abstractmethod
-    def exchange_and_lookup(self, inputs: list, batch, header, check: Callable,
-                            training: bool, ahead=None, next_ids=None) -> list:
+    def exchange_and_lookup(
+        self, inputs: list, batch, header, check: Callable, training: bool, waiting=None
+    ) -> list:
         """The backend's own stages. ``header`` must reach every rank in the first exchange;
         ``check(received, received_splits)`` gives the assertions that must run before any
         lookup (``received`` holds, per source rank, a segment starting with the header).
-        With ``ahead``, ``(received, received_splits)`` of the first exchange, done and
-        checked (see :meth:`call`), ``header`` and ``check`` are None. ``next_ids``
-        (:class:`.lookahead.NextIds`): the next batch's ids, which one of the backend's
-        exchanges may carry (then it calls ``self.lookahead.keep``; else the caller sends
-        them alone)."""
+        ``waiting``: see :meth:`call`."""
 
     def exchange_header(self, header, check: Callable) -> list:
         """For backends whose own first exchange cannot carry the header: one allgather."""
@@ -219,34 +236,39 @@ class EmbeddingBackend(abc.ABC):
             for lo, hi in _chunks(s.rows, s.cols * dtype.size, chunk_bytes):
                 if s.rank == self.rank:
                     var, first = self.shard_variable(s)
-                    data = var[first + lo:first + hi]
+                    data = var[first + lo : first + hi]
                 else:
                     data = tf.zeros([hi - lo, s.cols], dtype)
                 data = comm.broadcast(data, root_rank=s.rank)
-                out[s.row_start + lo:s.row_start + hi, s.col_start:s.col_start + s.cols] = data
+                out[s.row_start + lo : s.row_start + hi, s.col_start : s.col_start + s.cols] = data
         return out
 
     def set_table(self, name: str, array, root_rank, chunk_bytes: int) -> None:
         """Collective: writes the full table ``array`` into the owners' shards."""
         table = self.plan.table(name)
         if array is not None and tuple(np.shape(array)) != (table.rows, table.dim):
-            raise ValueError(f"Table '{name}' has shape {(table.rows, table.dim)}. "
-                             f"Received: shape={tuple(np.shape(array))}")
+            raise ValueError(
+                f"Table '{name}' has shape {(table.rows, table.dim)}. "
+                f"Received: shape={tuple(np.shape(array))}"
+            )
         shards = self.plan.shards_of(name)
         dtype = self.dtype
         for s in shards:
             for lo, hi in _chunks(s.rows, s.cols * dtype.size, chunk_bytes):
                 if array is not None:
-                    data = np.asarray(array[s.row_start + lo:s.row_start + hi,
-                                            s.col_start:s.col_start + s.cols],
-                                      dtype.as_numpy_dtype)
+                    data = np.asarray(
+                        array[
+                            s.row_start + lo : s.row_start + hi, s.col_start : s.col_start + s.cols
+                        ],
+                        dtype.as_numpy_dtype,
+                    )
                 else:
                     data = np.zeros((hi - lo, s.cols), dtype.as_numpy_dtype)
                 if root_rank is not None:
                     data = comm.broadcast(tf.constant(data), root_rank=root_rank)
                 if s.rank == self.rank:
                     var, first = self.shard_variable(s)
-                    var[first + lo:first + hi].assign(data)
+                    var[first + lo : first + hi].assign(data)
 
 
 def _chunks(rows, row_bytes, chunk_bytes):

@@ -15,6 +15,7 @@ tables, shared tables. Not supported (DE's dp-input path takes dense ids only, a
 Example:
     >>> block = DistributedEmbeddings(schema, dim=16, backend="distributed-embeddings")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -39,8 +40,10 @@ def de_placement(strategy, table_names, world_size: int) -> list[dict]:
         for t in dp:
             out[r][table_names[t]] = (ShardingType.DATA_PARALLEL.value, None)
         for i, t in enumerate(row):
-            out[r][table_names[t]] = (ShardingType.ROW_WISE.value,
-                                      strategy.row_sliced_configs[r][i]["input_dim"])
+            out[r][table_names[t]] = (
+                ShardingType.ROW_WISE.value,
+                strategy.row_sliced_configs[r][i]["input_dim"],
+            )
     if col:
         for r in range(world_size):
             configs, local_map = strategy.local_configs[r], strategy.local_maps[r]
@@ -67,24 +70,32 @@ def de_strategy(plan: ShardingPlan, tables, input_table_map=None):
     """DE's ``DistEmbeddingStrategy`` for ``plan``'s tables and options (no Horovod needed)."""
     from distributed_embeddings.python.layers import dist_model_parallel as dmp
 
-    return dmp.DistEmbeddingStrategy(_embeddings(tables, lambda name: "uniform"),
-                                     plan.world_size, **_de_options(plan, input_table_map))
+    return dmp.DistEmbeddingStrategy(
+        _embeddings(tables, lambda name: "uniform"),
+        plan.world_size,
+        **_de_options(plan, input_table_map),
+    )
 
 
 def _embeddings(tables, initializer):
     from distributed_embeddings.python.layers.embedding import Embedding
 
-    return [Embedding(t.rows, t.dim, embeddings_initializer=initializer(t.name), name=t.name)
-            for t in tables]
+    return [
+        Embedding(t.rows, t.dim, embeddings_initializer=initializer(t.name), name=t.name)
+        for t in tables
+    ]
 
 
 def _de_options(plan, input_table_map):
     options = dict(plan.options)
     single = plan.world_size == 1  # DE drops row slices and data-parallel tables on one rank
-    return dict(strategy=plan.strategy, input_table_map=input_table_map,
-                column_slice_threshold=options.get("column_slice_threshold"),
-                row_slice_threshold=None if single else options.get("row_slice_threshold"),
-                data_parallel_threshold=None if single else options.get("data_parallel_threshold"))
+    return dict(
+        strategy=plan.strategy,
+        input_table_map=input_table_map,
+        column_slice_threshold=options.get("column_slice_threshold"),
+        row_slice_threshold=None if single else options.get("row_slice_threshold"),
+        data_parallel_threshold=None if single else options.get("data_parallel_threshold"),
+    )
 
 
 class DistributedEmbeddingsBackend(EmbeddingBackend):
@@ -92,10 +103,17 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
 
     name = "distributed-embeddings"
 
-    def __init__(self, plan: ShardingPlan, features, rank: int, validate_ids: bool = True,
-                 exchange_dtype: str | None = None):
-        super().__init__(plan, features, rank, validate_ids=validate_ids,
-                         exchange_dtype=exchange_dtype)
+    def __init__(
+        self,
+        plan: ShardingPlan,
+        features,
+        rank: int,
+        validate_ids: bool = True,
+        exchange_dtype: str | None = None,
+    ):
+        super().__init__(
+            plan, features, rank, validate_ids=validate_ids, exchange_dtype=exchange_dtype
+        )
         self.names = [t.name for t in plan.tables]
         self.input_table_map = [self.names.index(f.table) for f in self.features]
         self.de = None
@@ -103,15 +121,19 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
     @classmethod
     def unsupported(cls, features, exchange_dtype=None):
         if exchange_dtype is not None:
-            return ("backend='distributed-embeddings' exchanges rows in the block's dtype only; "
-                    "use backend='horovod' (or 'auto') for a narrower exchange. Received: "
-                    f"exchange_dtype={exchange_dtype!r}")
+            return (
+                "backend='distributed-embeddings' exchanges rows in the block's dtype only; "
+                "use backend='horovod' (or 'auto') for a narrower exchange. Received: "
+                f"exchange_dtype={exchange_dtype!r}"
+            )
         for f in features:
             if f.multi_hot:
-                return (f"Multi-hot features are not supported by "
-                        f"backend='distributed-embeddings' (its data-parallel input path takes "
-                        f"dense one-hot ids only); use backend='horovod'. Received: multi-hot "
-                        f"feature '{f.name}' (sequence_combiner={f.combiner!r})")
+                return (
+                    f"Multi-hot features are not supported by "
+                    f"backend='distributed-embeddings' (its data-parallel input path takes "
+                    f"dense one-hot ids only); use backend='horovod'. Received: multi-hot "
+                    f"feature '{f.name}' (sequence_combiner={f.combiner!r})"
+                )
         return None
 
     # ---- variables ------------------------------------------------------------------------
@@ -123,14 +145,21 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
         comm.hvd()  # initialized before DE asks for the world size
         de = dmp.DistributedEmbedding(
             _embeddings(self.plan.tables, initializer),
-            **_de_options(self.plan, self.input_table_map), dp_input=True, name="de")
+            **_de_options(self.plan, self.input_table_map),
+            dp_input=True,
+            name="de",
+        )
         if self.plan.world_size > 1:
-            theirs, ours = de_placement(de.strategy, self.names, self.plan.world_size), \
-                plan_placement(self.plan)
+            theirs, ours = (
+                de_placement(de.strategy, self.names, self.plan.world_size),
+                plan_placement(self.plan),
+            )
             if theirs != ours:
-                raise RuntimeError(f"distributed-embeddings placed the tables differently from "
-                                   f"the block's plan (a bug; please report it). DE: {theirs}; "
-                                   f"plan: {ours}")
+                raise RuntimeError(
+                    f"distributed-embeddings placed the tables differently from "
+                    f"the block's plan (a bug; please report it). DE: {theirs}; "
+                    f"plan: {ours}"
+                )
         de.build(None)  # a shape would make DE allgather batch sizes in build
         de.trainable = trainable
         self.de = de
@@ -159,9 +188,10 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def exchange_and_lookup(self, inputs, batch, header, check, training=False,
-                            ahead=None, next_ids=None) -> list:
-        del ahead, next_ids  # supports_ahead is False: never given
+    def exchange_and_lookup(
+        self, inputs, batch, header, check, training=False, waiting=None
+    ) -> list:
+        del waiting  # DE's exchanges run their backward in the tape (DistributedGradientTape)
         checks = self.exchange_header(header, check)  # DE's own exchanges take no header
         with tf.control_dependencies(checks):
             ids = [tf.identity(tf.reshape(i, [-1])) for i, _ in inputs]

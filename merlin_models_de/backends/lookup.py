@@ -8,6 +8,7 @@ it stays right when a row-sliced table pools only part of a sample's ids on each
 Example:
     >>> pooled_lookup(var, ids, row_lengths=lengths, combiner="mean")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,9 @@ def combiner_weights(row_lengths, combiner: str):
     elif combiner == "sqrtn":
         per_row = tf.math.divide_no_nan(1.0, tf.sqrt(n))
     else:
-        raise ValueError(f"Unknown combiner; expected sum, mean or sqrtn. Received: combiner={combiner!r}")
+        raise ValueError(
+            f"Unknown combiner; expected sum, mean or sqrtn. Received: combiner={combiner!r}"
+        )
     return tf.repeat(per_row, row_lengths)
 
 
@@ -42,8 +45,9 @@ def named_gather(var, ids, name):
     try:
         return tf.gather(var, ids, name=name)
     except tf.errors.InvalidArgumentError as err:
-        raise tf.errors.InvalidArgumentError(err.node_def, err.op,
-                                             f"{err.message} [{name}]") from None
+        raise tf.errors.InvalidArgumentError(
+            err.node_def, err.op, f"{err.message} [{name}]"
+        ) from None
 
 
 def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None, name=None):
@@ -90,14 +94,17 @@ def to_ids(value, feature: str, multi_hot: bool):
         value = tf.RaggedTensor.from_sparse(value)
     dtype = value.dtype if hasattr(value, "dtype") else tf.convert_to_tensor(value).dtype
     if not dtype.is_integer:
-        raise ValueError(f"Feature '{feature}' must hold integer ids. Received: "
-                         f"dtype={dtype.name}")
+        raise ValueError(
+            f"Feature '{feature}' must hold integer ids. Received: " f"dtype={dtype.name}"
+        )
     if isinstance(value, tf.RaggedTensor):
         if value.shape.rank == 3:
             value = value.merge_dims(1, 2)
         if not multi_hot:
-            raise ValueError(f"Feature '{feature}' is one-hot in the schema but its input is "
-                             f"ragged. Received: {value!r}")
+            raise ValueError(
+                f"Feature '{feature}' is one-hot in the schema but its input is "
+                f"ragged. Received: {value!r}"
+            )
         return tf.cast(value.values, tf.int64), tf.cast(value.row_lengths(), tf.int64)
     value = tf.convert_to_tensor(value)
     if value.shape.rank == 3 and value.shape[-1] == 1:  # fixed-length lists as [B, k, 1]
@@ -105,8 +112,10 @@ def to_ids(value, feature: str, multi_hot: bool):
     if value.shape.rank == 2 and value.shape[-1] == 1 and not multi_hot:
         value = tf.squeeze(value, axis=-1)
     if value.shape.rank == 0 or value.shape.rank > 2:
-        raise ValueError(f"Feature '{feature}' must be [batch] or [batch, k] ids. "
-                         f"Received: shape={value.shape}")
+        raise ValueError(
+            f"Feature '{feature}' must be [batch] or [batch, k] ids. "
+            f"Received: shape={value.shape}"
+        )
     if multi_hot:
         if value.shape.rank == 1:
             value = value[:, None]
@@ -114,8 +123,10 @@ def to_ids(value, feature: str, multi_hot: bool):
         lengths = tf.fill(tf.shape(value, out_type=tf.int64)[:1], k)
         return tf.reshape(tf.cast(value, tf.int64), [-1]), lengths
     if value.shape.rank == 2:
-        raise ValueError(f"Feature '{feature}' is one-hot in the schema but its input has "
-                         f"{value.shape[-1]} ids per sample. Received: shape={value.shape}")
+        raise ValueError(
+            f"Feature '{feature}' is one-hot in the schema but its input has "
+            f"{value.shape[-1]} ids per sample. Received: shape={value.shape}"
+        )
     return tf.cast(value, tf.int64), None
 
 

@@ -8,6 +8,7 @@ in device memory, which TensorFlow reports only once allocated, so there the che
 Example:
     >>> check_fits(plan, dtype_bytes=4, ranks_per_host=2, host_bytes=24 * 2**30)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,9 @@ def check_fits(plan, dtype_bytes: int, ranks_per_host: int, host_bytes: int | No
     if not host_bytes:
         return
     budget = host_bytes // max(1, ranks_per_host)
-    per_rank = [sum(s.elements for s in plan.shards_on(r)) * dtype_bytes
-                for r in range(plan.world_size)]
+    per_rank = [
+        sum(s.elements for s in plan.shards_on(r)) * dtype_bytes for r in range(plan.world_size)
+    ]
     busiest = max(range(plan.world_size), key=lambda r: per_rank[r])
     if per_rank[busiest] <= budget:
         return
@@ -41,4 +43,5 @@ def check_fits(plan, dtype_bytes: int, ranks_per_host: int, host_bytes: int | No
         f"(largest: table '{table.name}', {human_bytes(largest.elements * dtype_bytes)} on that "
         f"rank), more than the {human_bytes(budget)} of memory each of the {ranks_per_host} "
         f"rank(s) on this host has. Use more ranks, a smaller dim, or row / column slicing. "
-        f"Received: table '{table.name}' rows={table.rows} dim={table.dim}")
+        f"Received: table '{table.name}' rows={table.rows} dim={table.dim}"
+    )

@@ -8,6 +8,7 @@ Example:
     >>> is_installed("horovod")
     True
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,9 +19,8 @@ from merlin_models_de import comm
 AUTO = "auto"
 # name -> "module:class"; in the order "auto" prefers them (first one that can run the features)
 _CLASSES = {
-    "distributed-embeddings":
-        "merlin_models_de.backends.distributed_embeddings:DistributedEmbeddingsBackend",
-    "horovod": "merlin_models_de.backends.horovod:HorovodBackend",
+    "distributed-embeddings": "merlin_models_de.backends.distributed_embeddings:DistributedEmbeddingsBackend",
+    "horovod": "merlin_models_de.backends.horovod.backend:HorovodBackend",
 }
 BACKEND_NAMES = (AUTO, "horovod", "distributed-embeddings")
 # the Python package a backend needs, besides TensorFlow (None: nothing more)
@@ -31,8 +31,10 @@ _DE_MODULE = "distributed_embeddings.python.layers.dist_model_parallel"
 def check_name(backend: str) -> None:
     """Raises ValueError naming ``backend`` unless it is one of :data:`BACKEND_NAMES`."""
     if backend not in BACKEND_NAMES:
-        raise ValueError(f"Unknown backend; expected one of {list(BACKEND_NAMES)}. "
-                         f"Received: backend={backend!r}")
+        raise ValueError(
+            f"Unknown backend; expected one of {list(BACKEND_NAMES)}. "
+            f"Received: backend={backend!r}"
+        )
 
 
 def is_installed(name: str) -> bool:
@@ -50,7 +52,7 @@ def is_importable(name: str) -> bool:
         return True
     try:
         importlib.import_module(_DE_MODULE)
-    except Exception:  # pylint: disable=broad-except  # its .so may fail to load, too
+    except Exception:  # noqa: BLE001  # its .so may fail to load, too
         return False
     return True
 
@@ -77,14 +79,15 @@ def resolve(backend: str, features=(), exchange_dtype=None) -> str:
     if backend != AUTO:
         return backend
     for name in _CLASSES:
-        if (is_importable(name)
-                and backend_class(name).unsupported(features, exchange_dtype) is None):
+        if (
+            is_importable(name)
+            and backend_class(name).unsupported(features, exchange_dtype) is None
+        ):
             return name
     return "horovod"
 
 
-def create(name: str, plan, features, rank: int, validate_ids: bool = True,
-           exchange_dtype=None):
+def create(name: str, plan, features, rank: int, validate_ids: bool = True, exchange_dtype=None):
     """Instantiates the (already resolved) backend ``name`` for this rank."""
     check_name(name)
     if not is_importable(name):
@@ -92,6 +95,8 @@ def create(name: str, plan, features, rank: int, validate_ids: bool = True,
             f"backend={name!r} needs NVIDIA distributed-embeddings, which does not import here "
             "(scripts/install_distributed_embeddings.sh installs it on GPU machines); "
             "backend='auto' falls back to 'horovod'. Received: backend="
-            f"{name!r}")
-    return backend_class(name)(plan, features, rank, validate_ids=validate_ids,
-                               exchange_dtype=exchange_dtype)
+            f"{name!r}"
+        )
+    return backend_class(name)(
+        plan, features, rank, validate_ids=validate_ids, exchange_dtype=exchange_dtype
+    )

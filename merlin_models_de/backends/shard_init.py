@@ -18,6 +18,7 @@ A rank initializes only its shards, with the shard's shape. Three things keep th
 On several ranks a large shard with an element-wise initializer is also drawn a block of rows
 at a time, into the variable in place (:func:`row_blocks`): memory, not statistics.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -26,8 +27,11 @@ import tensorflow as tf
 
 WHOLE_MATRIX = (tf.keras.initializers.Orthogonal, tf.keras.initializers.Identity)
 # values drawn independently per element from a distribution that ignores the shape
-ELEMENTWISE = (tf.keras.initializers.RandomUniform, tf.keras.initializers.RandomNormal,
-               tf.keras.initializers.TruncatedNormal)
+ELEMENTWISE = (
+    tf.keras.initializers.RandomUniform,
+    tf.keras.initializers.RandomNormal,
+    tf.keras.initializers.TruncatedNormal,
+)
 # A shard larger than this is drawn a block of rows at a time. Drawn whole, Keras' uniform
 # holds three shard-sized tensors at once (the draw, its scaling, its shift: 3.0x a 640 MB
 # shard's bytes measured, TF 2.12 CPU); on 4 ranks with one 30M-row table each that draw,
@@ -65,11 +69,19 @@ class SliceOfWhole(tf.keras.initializers.Initializer):
     def __call__(self, shape, dtype=None, **kwargs):
         whole = self.initializer(self.table_shape, dtype=dtype)
         (r, c), (rows, cols) = self.start, shape
-        return whole[r:r + rows, c:c + cols]
+        return whole[r : r + rows, c : c + cols]
 
 
-def for_shard(initializer, table_shape, shard_shape, *, start=(0, 0), table="",
-              base_seed=None, shared_seed=None):
+def for_shard(
+    initializer,
+    table_shape,
+    shard_shape,
+    *,
+    start=(0, 0),
+    table="",
+    base_seed=None,
+    shared_seed=None,
+):
     """``initializer`` as it should be called with ``shard_shape`` to draw like the table.
 
     Args:
@@ -88,16 +100,18 @@ def for_shard(initializer, table_shape, shard_shape, *, start=(0, 0), table="",
         whole_seed = derived_seed(shared_seed if own is None else own, table)
         return SliceOfWhole(_reseeded(initializer, whole_seed), table_shape, start)
     if base_seed is not None:
-        initializer = _reseeded(initializer,
-                                derived_seed(base_seed if own is None else own, table, *start))
-    if (tuple(shard_shape) == tuple(table_shape)
-            or not isinstance(initializer, tf.keras.initializers.VarianceScaling)):
+        initializer = _reseeded(
+            initializer, derived_seed(base_seed if own is None else own, table, *start)
+        )
+    if tuple(shard_shape) == tuple(table_shape) or not isinstance(
+        initializer, tf.keras.initializers.VarianceScaling
+    ):
         return initializer
     mode = initializer.mode
     scale = initializer.scale * _fan(shard_shape, mode) / _fan(table_shape, mode)
-    return tf.keras.initializers.VarianceScaling(scale=scale, mode=mode,
-                                                 distribution=initializer.distribution,
-                                                 seed=initializer.seed)
+    return tf.keras.initializers.VarianceScaling(
+        scale=scale, mode=mode, distribution=initializer.distribution, seed=initializer.seed
+    )
 
 
 def row_blocks(initializer, shape, dtype, block_bytes: int | None = None):
@@ -113,9 +127,14 @@ def row_blocks(initializer, shape, dtype, block_bytes: int | None = None):
     if rows * row_bytes <= block_bytes or not isinstance(initializer, ELEMENTWISE) or seed is None:
         return None
     per_block = max(1, block_bytes // max(1, row_bytes))
-    return [(first, min(per_block, rows - first),
-             _reseeded(initializer, derived_seed(seed, "rows", first)))
-            for first in range(0, rows, per_block)]
+    return [
+        (
+            first,
+            min(per_block, rows - first),
+            _reseeded(initializer, derived_seed(seed, "rows", first)),
+        )
+        for first in range(0, rows, per_block)
+    ]
 
 
 def fill_by_rows(variable, blocks) -> None:

@@ -9,6 +9,7 @@ others name that rank. Nobody is left waiting in the next all-to-all.
 Example:
     >>> bad, deferred = local_problems(inputs, features, tables, batch)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -18,21 +19,28 @@ from merlin_models_de.runtime import agree
 
 
 def ordered_inputs(inputs, features):
-    """``{feature: value}`` -> (ordered ``(ids, row_lengths)`` list, problem messages).
+    """``{feature: value}`` -> (ordered ``(ids, row_lengths)`` list, problems).
 
     A feature that is missing or malformed (wrong rank, non-integer dtype, ...) becomes an
     empty-id placeholder of this rank's batch size and a message: the caller sends the count
-    in the first exchange instead of raising here, alone, while the other ranks wait.
+    in the first exchange instead of raising here, alone, while the other ranks wait. A
+    problem that only the values can tell (:func:`one_id_per_sample`) is an ``(ok, data)``
+    check instead of a message, counted the same way.
     """
     ordered, problems = [], []
     for f in features:
         if f.name not in inputs:
-            problems.append(f"Feature '{f.name}' is missing from the batch. "
-                            f"Received keys: {sorted(inputs)}")
+            problems.append(
+                f"Feature '{f.name}' is missing from the batch. " f"Received keys: {sorted(inputs)}"
+            )
             ordered.append(None)
             continue
+        value = inputs[f.name]
+        if not f.multi_hot and _width_unknown(value):
+            value, check = one_id_per_sample(value, f.name)
+            problems.append(check)
         try:
-            ordered.append(to_ids(inputs[f.name], f.name, f.multi_hot))
+            ordered.append(to_ids(value, f.name, f.multi_hot))
         except (ValueError, TypeError) as err:
             problems.append(str(err))
             ordered.append(None)
@@ -45,28 +53,40 @@ def ordered_inputs(inputs, features):
     filled = []
     for f, value in zip(features, ordered):
         if value is None:
-            value = ((tf.zeros([0], tf.int64), tf.zeros([batch], tf.int64)) if f.multi_hot
-                     else (tf.zeros([batch], tf.int64), None))
+            value = (
+                (tf.zeros([0], tf.int64), tf.zeros([batch], tf.int64))
+                if f.multi_hot
+                else (tf.zeros([batch], tf.int64), None)
+            )
         filled.append(value)
     return filled, problems
 
 
-def local_problems(inputs, features, tables, batch, problems=(), check_ids=True,
-                   require_samples=True):
+def local_problems(
+    inputs, features, tables, batch, problems=(), check_ids=True, require_samples=True
+):
     """Returns (problem count, deferred checks) for this rank's inputs, in a handful of ops.
 
-    Counted: ``problems`` found while reading the inputs (messages), an empty batch (with
-    ``require_samples``: several ranks must each feed samples), features
-    whose batch size differs from ``batch`` and, with ``check_ids``, ids outside their table.
-    ``tables`` maps table name -> TableSpec. Deferred checks are ``(ok, data)`` to be turned
-    into asserts after the exchange; their data names the feature and the offending value.
+    Counted: ``problems`` found while reading the inputs (messages, or ``(ok, data)`` checks
+    of the values), an empty batch (with ``require_samples``: several ranks must each feed
+    samples), features whose batch size differs from ``batch`` and, with ``check_ids``, ids
+    outside their table. ``tables`` maps table name -> TableSpec. Deferred checks are
+    ``(ok, data)`` to be turned into asserts after the exchange; their data names the
+    feature and the offending value.
     """
-    deferred = [(tf.constant(False), [message]) for message in problems]
+    deferred = [(tf.constant(False), [p]) if isinstance(p, str) else p for p in problems]
     empty = tf.logical_and(tf.equal(batch, 0), require_samples)
-    deferred.append((tf.logical_not(empty), [
-        "Received an empty batch (batch size 0); every rank must feed at least one sample "
-        "per step (mm.Loader(..., drop_last=True) drops a short last batch)."]))
-    static = tf.constant(len(problems), tf.int64) + tf.cast(empty, tf.int64)
+    failed = [tf.cast(tf.logical_not(ok), tf.int64) for ok, _ in deferred]
+    deferred.append(
+        (
+            tf.logical_not(empty),
+            [
+                "Received an empty batch (batch size 0); every rank must feed at least one sample "
+                "per step (mm.Loader(..., drop_last=True) drops a short last batch)."
+            ],
+        )
+    )
+    static = tf.add_n(failed + [tf.cast(empty, tf.int64)])
     if not check_ids:
         count, more = _odd_sizes(inputs, features, batch)
         return static + count, deferred + more
@@ -84,11 +104,56 @@ def local_problems(inputs, features, tables, batch, problems=(), check_ids=True,
     bad_feature = tf.gather(tf.concat([names, [""]], 0), tf.gather(which, first, axis=0))
     n_odd, odd_checks = _odd_sizes(inputs, features, batch)
     if features:
-        deferred.append((tf.equal(n_bad, 0), [
-            "An id is outside its table. Received: feature=", bad_feature,
-            "id=", tf.gather(ids, first), "(valid ids are 0..rows-1) rows=",
-            tf.gather(rows, first)]))
+        deferred.append(
+            (
+                tf.equal(n_bad, 0),
+                [
+                    "An id is outside its table. Received: feature=",
+                    bad_feature,
+                    "id=",
+                    tf.gather(ids, first),
+                    "(valid ids are 0..rows-1) rows=",
+                    tf.gather(rows, first),
+                ],
+            )
+        )
     return static + n_bad + n_odd, deferred + odd_checks
+
+
+def _width_unknown(value) -> bool:
+    """A dense ``[B, k]`` (or ``[B, k, 1]``) input whose ``k`` is unknown when traced: Keras
+    feeds a generator's or a ``Sequence``'s ``[B, 1]`` batches as ``(None, None)``."""
+    if (
+        isinstance(value, (tf.RaggedTensor, tf.SparseTensor))
+        or not hasattr(value, "shape")
+        or not tf.as_dtype(value.dtype).is_integer
+    ):
+        return False  # (to_ids names a wrong dtype)
+    shape = tf.TensorShape(value.shape)
+    if shape.rank == 3 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape.rank == 2 and shape[-1] is None
+
+
+def one_id_per_sample(value, feature: str):
+    """A one-hot feature's ``[B, k]`` input of unknown ``k`` -> (its ``[B]`` first ids, the
+    ``(ok, data)`` check that ``k`` is 1), checked at run time with the step's other input
+    checks: an unknown width is not a wrong one. The ids are ``[B]`` whatever ``k`` is (a
+    zero fills ``k = 0``), so only this check fails on a wrong width."""
+    value = tf.convert_to_tensor(value)
+    if value.shape.rank == 3:
+        value = tf.squeeze(value, axis=-1)
+    shape = tf.shape(value, out_type=tf.int64)
+    first = tf.concat([value[:, :1], tf.zeros(tf.stack([shape[0], 1]), value.dtype)], 1)[:, 0]
+    return first, (
+        tf.equal(shape[1], 1),
+        [
+            f"Feature '{feature}' is one-hot in the schema but its input has",
+            shape[1],
+            "ids per sample (one-hot takes [batch] or [batch, 1]). Received: shape=",
+            shape,
+        ],
+    )
 
 
 def batch_size(inputs):
@@ -105,9 +170,12 @@ def ids_outside(inputs, features, tables):
     lets through (a row-sliced table reads zero rows for them), counted so it is reported."""
     if not features:
         return tf.zeros([0], tf.int64)
-    return tf.stack([
-        tf.reduce_sum(tf.cast(tf.logical_or(ids < 0, ids >= tables[f.table].rows), tf.int64))
-        for (ids, _), f in zip(inputs, features)])
+    return tf.stack(
+        [
+            tf.reduce_sum(tf.cast(tf.logical_or(ids < 0, ids >= tables[f.table].rows), tf.int64))
+            for (ids, _), f in zip(inputs, features)
+        ]
+    )
 
 
 def _odd_sizes(inputs, features, batch):
@@ -115,12 +183,19 @@ def _odd_sizes(inputs, features, batch):
     if not features:
         return tf.constant(0, tf.int64), []
     names = tf.constant([f.name for f in features])
-    sizes = tf.stack([tf.shape(l if l is not None else i, out_type=tf.int64)[0]
-                      for i, l in inputs])
+    sizes = tf.stack([tf.shape(l if l is not None else i, out_type=tf.int64)[0] for i, l in inputs])
     n_odd = tf.reduce_sum(tf.cast(tf.not_equal(sizes, batch), tf.int64))
-    return n_odd, [(tf.equal(n_odd, 0), [
-        f"Every feature must have the batch size of feature '{features[0].name}'. "
-        "Received batch sizes per feature:", names, sizes])]
+    return n_odd, [
+        (
+            tf.equal(n_odd, 0),
+            [
+                f"Every feature must have the batch size of feature '{features[0].name}'. "
+                "Received batch sizes per feature:",
+                names,
+                sizes,
+            ],
+        )
+    ]
 
 
 def check_headers(received, received_splits, batch, rank, world_size, deferred):
@@ -136,9 +211,15 @@ def check_headers(received, received_splits, batch, rank, world_size, deferred):
         sizes = tf.gather(received, starts)
         problems = tf.gather(received, starts + 1)
         checks.append(agree.rank_problems_check(problems, rank, "input"))
-        checks.append(tf.debugging.Assert(
-            tf.reduce_all(tf.equal(sizes, batch)),
-            ["Every rank must feed the same per-rank batch size (drop or pad the uneven last "
-             "batch, e.g. mm.Loader(..., drop_last=True)). Received batch sizes per rank:",
-             sizes], summarize=64))
+        checks.append(
+            tf.debugging.Assert(
+                tf.reduce_all(tf.equal(sizes, batch)),
+                [
+                    "Every rank must feed the same per-rank batch size (drop or pad the uneven last "
+                    "batch, e.g. mm.Loader(..., drop_last=True)). Received batch sizes per rank:",
+                    sizes,
+                ],
+                summarize=64,
+            )
+        )
     return checks

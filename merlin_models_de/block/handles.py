@@ -2,12 +2,13 @@
 
 A :class:`TableHandle` is a plain object (not a Keras layer): it owns and tracks no
 variables, so a model never counts or saves a table twice. Its lookups are collective (every
-rank calls them, each with its own ids); see :mod:`merlin_models_de.backends.table_lookup`.
+rank calls them, each with its own ids); see :mod:`merlin_models_de.backends.horovod.table_lookup`.
 
 Example:
     >>> item = block["item_id"]  # doctest: +SKIP
     >>> vectors = item.embedding_lookup(tf.constant([3, 7]))  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,10 +19,9 @@ from merlin.models.tf.core.base import Block
 from merlin.schema import Schema
 
 from merlin_models_de.backends.lookup import combiner_weights
+from merlin_models_de.block.views import FeatureSelection
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import ShardingType
-from merlin_models_de.block.views import FeatureSelection
-
 
 # Blocks built while a model is deserialized, per open scope (innermost last). Not a
 # process-wide registry: outside a scope no name is bound, and two models rebuilt one after
@@ -60,11 +60,16 @@ def table_named(name: str) -> "TableHandle":
         for block in reversed(scope):
             if any(t.name == name for t in block.tables):
                 return block[name]
-    where = ("no DistributedEmbeddings block built in this model has it" if scopes else
-             "names are bound only while a model is rebuilt from its config")
-    raise ValueError(f"Cannot bind table {name!r}: {where}. Pass the table handle "
-                     f"(block[{name!r}]), or rebuild inside "
-                     "merlin_models_de.named_tables(block).")
+    where = (
+        "no DistributedEmbeddings block built in this model has it"
+        if scopes
+        else "names are bound only while a model is rebuilt from its config"
+    )
+    raise ValueError(
+        f"Cannot bind table {name!r}: {where}. Pass the table handle "
+        f"(block[{name!r}]), or rebuild inside "
+        "merlin_models_de.named_tables(block)."
+    )
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
@@ -110,7 +115,8 @@ class TableHandle(Block):
             raise NotImplementedError(
                 f"backend={self.block.backend_name!r} trains all tables or none; cannot set "
                 f"trainable={value} on table '{self.name}' alone. Set the block's trainable, "
-                "or use backend='horovod'.")
+                "or use backend='horovod'."
+            )
         self._trainable = value
 
     def get_config(self):
@@ -139,23 +145,29 @@ class TableHandle(Block):
         return combiner
 
     def _whole(self) -> bool:
-        return (self.block.world_size == 1
-                or self.block.plan.kind_of(self.name) is ShardingType.DATA_PARALLEL)
+        return (
+            self.block.world_size == 1
+            or self.block.plan.kind_of(self.name) is ShardingType.DATA_PARALLEL
+        )
 
     @property
     def embeddings(self):
         """The full table variable, only where every rank holds it whole."""
-        self.block._ensure_built()  # pylint: disable=protected-access
+        self.block.ensure_built()
         if not self._whole():
             raise ValueError(
                 f"Table '{self.name}' is sharded across {self.block.world_size} ranks "
                 f"({self.block.plan.kind_of(self.name).value}); its full matrix is on no rank. "
                 "Use embedding_lookup(ids) for rows, or block.get_global_weights() "
-                "(collective: every rank calls it) for a NumPy copy.")
+                "(collective: every rank calls it) for a NumPy copy."
+            )
         shard = self.block.plan.shards_of(self.name)[0]
         var, first = self.block.backend.shard_variable(shard)
-        return var if first == 0 and var.shape[0] == self.spec.rows else \
-            var[first:first + self.spec.rows]
+        return (
+            var
+            if first == 0 and var.shape[0] == self.spec.rows
+            else var[first : first + self.spec.rows]
+        )
 
     @property
     def sharded(self) -> bool:
@@ -169,7 +181,8 @@ class TableHandle(Block):
                 f"Table '{self.name}' is column-sliced across ranks; scoring against the whole "
                 "catalog needs whole rows on each rank. Place it by rows (row_slice_threshold) "
                 "or whole (raise column_slice_threshold above its "
-                f"{self.spec.rows * self.spec.dim} elements).")
+                f"{self.spec.rows * self.spec.dim} elements)."
+            )
 
     def local_rows(self):
         """``(rows [R, dim], row_offset)``: this rank's rows of the table, for outputs that
@@ -179,7 +192,7 @@ class TableHandle(Block):
         others 0 rows. Column slices raise (every rank would hold part of every row).
         """
         self.check_whole_rows()
-        self.block._ensure_built()  # pylint: disable=protected-access
+        self.block.ensure_built()
         mine = [s for s in self.block.plan.shards_of(self.name) if s.rank == self.block.rank]
         if not mine:  # the table lives whole on another rank
             return tf.zeros([0, self.dim], self.block.backend.dtype), 0
@@ -187,17 +200,17 @@ class TableHandle(Block):
         var, first = self.block.backend.shard_variable(shard)
         if first == 0 and var.shape[0] == shard.rows:
             return var, shard.row_start
-        return var[first:first + shard.rows], shard.row_start
+        return var[first : first + shard.rows], shard.row_start
 
     def build(self, input_shapes=None):
-        self.block._ensure_built()  # pylint: disable=protected-access
+        self.block.ensure_built()
 
     def call(self, inputs, **kwargs):
         return self(inputs, **kwargs)
 
     def embedding_lookup(self, ids):
         """Collective: ``ids`` (any shape, any count per rank) -> ``[*ids.shape, dim]``."""
-        self.block._ensure_built()  # pylint: disable=protected-access
+        self.block.ensure_built()
         if isinstance(ids, tf.RaggedTensor):
             return ids.with_flat_values(self.embedding_lookup(ids.flat_values))
         ids = tf.convert_to_tensor(ids)
@@ -209,7 +222,8 @@ class TableHandle(Block):
         if not hasattr(backend, "lookup_table"):
             raise NotImplementedError(
                 f"embedding_lookup of table '{self.name}' is not supported by backend="
-                f"'{self.block.backend_name}'; use backend='horovod'.")
+                f"'{self.block.backend_name}'; use backend='horovod'."
+            )
         rows = backend.lookup_table(self.name, ids, problems)
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
 
@@ -254,7 +268,7 @@ def bind_table_weights(block) -> None:
     by_table: dict = {}
     for shard in block.plan.shards_on(block.rank):
         by_table.setdefault(shard.table, []).append(block.backend.shard_variable(shard)[0])
-    handles = block._handles()  # pylint: disable=protected-access
+    handles = block.handles_by_name()
     for table, variables in by_table.items():
         keras_compat.hand_over_weights(block, handles[table], variables)
 
@@ -262,7 +276,7 @@ def bind_table_weights(block) -> None:
 def trainable_config(block, option):
     """``trainable`` for the block's config: ``option`` (as constructed) while the tables'
     flags are as it made them, else the flags now (after ``freeze_blocks``), by table."""
-    flags = {name: bool(h.trainable) for name, h in block._handles().items()}  # pylint: disable=protected-access
+    flags = {name: bool(h.trainable) for name, h in block.handles_by_name().items()}
     if not block.trainable:
         return False
     if flags == dict(block.table_trainable):
@@ -273,7 +287,7 @@ def trainable_config(block, option):
 class TableAccessMixin:
     """``block[name]``, ``embedding_tables``, iteration and ``select_by_*`` over tables."""
 
-    def _handles(self) -> dict:
+    def handles_by_name(self) -> dict:
         cache = self.__dict__.get("_mmde_handles")
         if cache is None:
             cache = {t.name: TableHandle(self, t.name) for t in self.tables}
@@ -286,37 +300,39 @@ class TableAccessMixin:
 
     @property
     def embedding_tables(self) -> dict:
-        return dict(self._handles())
+        return dict(self.handles_by_name())
 
     parallel_layers = embedding_tables
     parallel_dict = embedding_tables
 
     @property
     def parallel_values(self) -> list:
-        return list(self._handles().values())
+        return list(self.handles_by_name().values())
 
     layers = parallel_values  # mm.Embeddings (a ParallelBlock) lists its tables as ``layers``
 
     def __getitem__(self, name):
-        handles = self._handles()
+        handles = self.handles_by_name()
         if name in handles:
             return handles[name]
         for f in self.features:
             if f.name == name:
                 return handles[f.table]
-        raise KeyError(f"No table or feature named {name!r}. Tables: {sorted(handles)}; "
-                       f"features: {[f.name for f in self.features]}")
+        raise KeyError(
+            f"No table or feature named {name!r}. Tables: {sorted(handles)}; "
+            f"features: {[f.name for f in self.features]}"
+        )
 
     def __iter__(self):
         return iter(self.parallel_values)
 
     def __contains__(self, name):
-        return name in self._handles() or any(f.name == name for f in self.features)
+        return name in self.handles_by_name() or any(f.name == name for f in self.features)
 
     def select_by_name(self, name):
         if name == self.name:
             return self
-        return self._handles().get(name)
+        return self.handles_by_name().get(name)
 
     def select_by_tag(self, tags):
         """The features tagged with any of ``tags``: this block when that is all of them,
@@ -333,8 +349,10 @@ class TableAccessMixin:
         return FeatureSelection(self, features)
 
     def select_by_names(self, names) -> list:
-        missing = [n for n in names if n not in self._handles()]
+        missing = [n for n in names if n not in self.handles_by_name()]
         if missing:
-            raise ValueError(f"Given names {missing} are not tables of {self.name}. "
-                             f"Tables: {sorted(self._handles())}")
-        return [self._handles()[n] for n in names]
+            raise ValueError(
+                f"Given names {missing} are not tables of {self.name}. "
+                f"Tables: {sorted(self.handles_by_name())}"
+            )
+        return [self.handles_by_name()[n] for n in names]

@@ -6,6 +6,7 @@ Example:
     >>> model = mm.DLRMModel(schema, embeddings=emb, bottom_block=mm.MLPBlock([16]),
     ...                      prediction_tasks=mm.BinaryClassificationTask("click"))  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -13,43 +14,60 @@ from typing import Callable, Mapping
 import tensorflow as tf
 from merlin.models.tf.core.base import Block
 from merlin.models.tf.utils.tf_utils import call_layer
-from merlin.models.utils.schema_utils import (schema_to_tensorflow_metadata_json,
-                                              tensorflow_metadata_json_to_schema)
+from merlin.models.utils.schema_utils import (
+    schema_to_tensorflow_metadata_json,
+    tensorflow_metadata_json_to_schema,
+)
 
 from merlin_models_de import comm, compat
+from merlin_models_de.backends.horovod.wire import exchange_dtype_name
+from merlin_models_de.backends.lookup import sequence_output
+from merlin_models_de.backends.registry import create, resolve
+from merlin_models_de.backends.step import current_step
+from merlin_models_de.backends.validate import ordered_inputs
+from merlin_models_de.block import regularization as reg
+from merlin_models_de.block.handles import (
+    TableAccessMixin,
+    bind_table_weights,
+    remember_block,
+    trainable_config,
+)
+from merlin_models_de.block.notices import one_rank_notice
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
-from merlin_models_de.block import ahead
-from merlin_models_de.block import regularization as reg
-from merlin_models_de.block.notices import one_rank_notice
-from merlin_models_de.backends.lookup import sequence_output
-from merlin_models_de.backends.validate import ordered_inputs
-from merlin_models_de.backends.wire import exchange_dtype_name
-from merlin_models_de.backends.registry import create, resolve
-from merlin_models_de.planner import placed_like
-from merlin_models_de.planner import plan as make_plan
-from merlin_models_de.planner import validate_options
-from merlin_models_de.block.handles import (TableAccessMixin, bind_table_weights,
-                                            remember_block, trainable_config)
 from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
+from merlin_models_de.planner import placed_like, validate_options
+from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import feature_order, is_layer_combiner, tables_from_schema
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set_global_weights
 # mm.Embeddings' per-table keyword arguments whose meaning the block does not implement
 UNSUPPORTED_TABLE_KWARGS = {
-    "embeddings_constraint": "None", "mask_zero": "False", "weights": "None (use "
-    "embeddings_initializer or set_global_weights)", "table": "None"}
+    "embeddings_constraint": "None",
+    "mask_zero": "False",
+    "weights": "None (use " "embeddings_initializer or set_global_weights)",
+    "table": "None",
+}
 # EmbeddingOptions' fields, which Merlin's own code passes to mm.Embeddings (Wide&Deep) and
 # users copy from it: mm.Embeddings forwards to its tables only what EmbeddingTable takes and
 # drops these, so its table sizes come from ``dim`` / ``infer_dim_fn`` alone. The same here.
-IGNORED_LIKE_MERLIN = ("embedding_dims", "embedding_dim_default", "infer_embedding_sizes",
-                       "infer_embedding_sizes_multiplier",
-                       "infer_embeddings_ensure_dim_multiple_of_8", "embeddings_initializers")
+IGNORED_LIKE_MERLIN = (
+    "embedding_dims",
+    "embedding_dim_default",
+    "infer_embedding_sizes",
+    "infer_embedding_sizes_multiplier",
+    "infer_embeddings_ensure_dim_multiple_of_8",
+    "embeddings_initializers",
+)
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
-class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin,
-                            keras_compat.UntrackedSublayersMixin, Block):
+class DistributedEmbeddings(
+    TableAccessMixin,
+    tf_checkpoint.TableCheckpointMixin,
+    keras_compat.UntrackedSublayersMixin,
+    Block,
+):
     """Model-parallel embedding tables; a drop-in for ``mm.Embeddings``.
 
     Each rank holds only its share of the tables (see :mod:`merlin_models_de.planner`); the
@@ -92,11 +110,11 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         exchange_ahead: With ``fit``'s ``tf.data`` input on several ranks (``horovod``
             backend), each training step sends the next batch's ids with its rows and the
             next step starts from them: one exchange less before its lookups
-            (:mod:`merlin_models_de.block.ahead`). Default True; the result is the same.
+            (:mod:`merlin_models_de.backends.horovod.ahead`). Default True; the result is the same.
         merge_backward: In a training step on several ranks (``horovod`` backend), the
             rows' gradients go back to their owners in the same all-to-all that averages
             the dense gradients, one round instead of two, when the model's optimizer is
-            the one ``compile`` makes (:mod:`merlin_models_de.backends.deferred`). Default
+            the one ``compile`` makes (:mod:`merlin_models_de.backends.horovod.backward`). Default
             True; the result is the same.
 
     Example:
@@ -107,37 +125,72 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
 
     _mmde_embedding_block = True  # variables.BLOCK_ATTR: how model queries find the block
 
-    def __init__(self, schema, dim=None, *, infer_dim_fn: Callable | None = None,
-                 sequence_combiner="mean", embeddings_initializer=None,
-                 embeddings_regularizer=None, activity_regularizer=None, trainable=True,
-                 table_cls=None, pre=None, post=None, aggregation=None, block_name=None,
-                 l2_batch_regularization_factor=0.0, input_length=None, strategy="basic",
-                 column_slice_threshold=None, row_slice_threshold=None,
-                 data_parallel_threshold=None, backend="auto", validate_ids=True,
-                 exchange_dtype=None, exchange_ahead=True, merge_backward=True,
-                 name="embeddings", **kwargs):
+    def __init__(
+        self,
+        schema,
+        dim=None,
+        *,
+        infer_dim_fn: Callable | None = None,
+        sequence_combiner="mean",
+        embeddings_initializer=None,
+        embeddings_regularizer=None,
+        activity_regularizer=None,
+        trainable=True,
+        table_cls=None,
+        pre=None,
+        post=None,
+        aggregation=None,
+        block_name=None,
+        l2_batch_regularization_factor=0.0,
+        input_length=None,
+        strategy="basic",
+        column_slice_threshold=None,
+        row_slice_threshold=None,
+        data_parallel_threshold=None,
+        backend="auto",
+        validate_ids=True,
+        exchange_dtype=None,
+        exchange_ahead=True,
+        merge_backward=True,
+        name="embeddings",
+        **kwargs,
+    ):
         compat.ensure_supported()
-        _check_unsupported(activity_regularizer=activity_regularizer, table_cls=table_cls,
-                           pre=pre, post=post, aggregation=aggregation, kwargs=kwargs)
+        _check_unsupported(
+            activity_regularizer=activity_regularizer,
+            table_cls=table_cls,
+            pre=pre,
+            post=post,
+            aggregation=aggregation,
+            kwargs=kwargs,
+        )
         super().__init__(name=block_name or name, trainable=trainable is not False, **kwargs)
-        validate_options(1, strategy, column_slice_threshold, row_slice_threshold,
-                         data_parallel_threshold)
+        validate_options(
+            1, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
+        )
         sequence_combiner = _deserialize_combiner(sequence_combiner)
-        self.tables = tables_from_schema(schema, dim, infer_dim_fn=infer_dim_fn,
-                                         combiner=sequence_combiner)
+        self.tables = tables_from_schema(
+            schema, dim, infer_dim_fn=infer_dim_fn, combiner=sequence_combiner
+        )
         self.features = tuple(feature_order(self.tables))
         names = {f.name for f in self.features}
         self.set_schema(schema.select_by_name([c for c in schema.column_names if c in names]))
         self.sequence_combiner = sequence_combiner
         # list features whose rows go through a Keras layer (mm.Embeddings does the same)
-        self.combiner_layers = {f.name: layer for t in self.tables for f in t.features
-                                if f.multi_hot for layer in
-                                [_feature_value(sequence_combiner, t.features[0].name)]
-                                if is_layer_combiner(layer)}
+        self.combiner_layers = {
+            f.name: layer
+            for t in self.tables
+            for f in t.features
+            if f.multi_hot
+            for layer in [_feature_value(sequence_combiner, t.features[0].name)]
+            if is_layer_combiner(layer)
+        }
         self.embeddings_initializer = embeddings_initializer
-        for option, value in (("embeddings_regularizer", embeddings_regularizer),
-                              ("trainable", trainable),
-                              ("l2_batch_regularization_factor", l2_batch_regularization_factor)):
+        for option, value in (
+            ("embeddings_regularizer", embeddings_regularizer),
+            ("trainable", trainable),
+            ("l2_batch_regularization_factor", l2_batch_regularization_factor),
+        ):
             reg.check_keys(option, value, self.tables)
         self.embeddings_regularizer = embeddings_regularizer
         self.table_regularizers = reg.regularizers(embeddings_regularizer, self.tables)
@@ -146,19 +199,25 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         self.table_trainable = reg.trainable_tables(trainable, self.tables)
         self._trainable_option = trainable
         self.input_length = input_length  # Keras' Embedding only uses it for shapes
-        self.options = dict(strategy=strategy, column_slice_threshold=column_slice_threshold,
-                            row_slice_threshold=row_slice_threshold,
-                            data_parallel_threshold=data_parallel_threshold)
+        self.options = dict(
+            strategy=strategy,
+            column_slice_threshold=column_slice_threshold,
+            row_slice_threshold=row_slice_threshold,
+            data_parallel_threshold=data_parallel_threshold,
+        )
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.backend_name = resolve(backend, self.features, self.exchange_dtype)
         self.validate_ids = validate_ids
-        for option, value in (("exchange_ahead", exchange_ahead),
-                              ("merge_backward", merge_backward)):
+        for option, value in (
+            ("exchange_ahead", exchange_ahead),
+            ("merge_backward", merge_backward),
+        ):
             if not isinstance(value, bool):
-                raise ValueError(f"{option} must be True or False. Received: "
-                                 f"{option}={value!r}")
-        self.exchange_ahead = exchange_ahead  # see block/ahead.py
-        self.merge_backward = merge_backward  # see backends/deferred.py
+                raise ValueError(
+                    f"{option} must be True or False. Received: " f"{option}={value!r}"
+                )
+        self.exchange_ahead = exchange_ahead  # see backends/horovod/ahead.py
+        self.merge_backward = merge_backward  # see backends/horovod/backward.py
         self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
         self.plan = make_plan(self.tables, self.world_size, **self.options)
@@ -169,8 +228,9 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             frozen = sorted(t for t, on in self.table_trainable.items() if not on)
             raise NotImplementedError(
                 f"backend={self.backend_name!r} trains all tables or none; tables {frozen} "
-                f"are frozen by trainable={trainable!r}. Use backend='horovod'.")
-        self._handles()  # every rank makes the same layers, in the same order
+                f"are frozen by trainable={trainable!r}. Use backend='horovod'."
+            )
+        self.handles_by_name()  # every rank makes the same layers, in the same order
         remember_block(self)  # where a deserialized tied output finds its table
 
     @property
@@ -184,8 +244,9 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         init = self.embeddings_initializer
         if hasattr(init, "items") and "class_name" not in init:
             spec = next((t for t in self.tables if t.name == table))
-            init = init.get(table, next((init[f.name] for f in spec.features if f.name in init),
-                                        None))
+            init = init.get(
+                table, next((init[f.name] for f in spec.features if f.name in init), None)
+            )
         return tf.keras.initializers.get(init or "uniform")
 
     def build(self, input_shapes):
@@ -212,25 +273,29 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         placeholder ids (every rank runs the same exchanges) and are dropped.
         """
         if not isinstance(inputs, Mapping):
-            raise ValueError(f"DistributedEmbeddings takes a dict of features. "
-                             f"Received: {type(inputs).__name__}")
+            raise ValueError(
+                f"DistributedEmbeddings takes a dict of features. "
+                f"Received: {type(inputs).__name__}"
+            )
         if selected is not None:
             inputs = with_placeholders(inputs, self.features, selected)
         ordered, problems = ordered_inputs(inputs, self.features)
-        if problems and self.world_size == 1:
-            raise ValueError(problems[0])  # nobody to wait for: fail at once
+        found = [p for p in problems if isinstance(p, str)]  # (the others: checks of values)
+        if found and self.world_size == 1:
+            raise ValueError(found[0])  # nobody to wait for: fail at once
         # on several ranks a problem travels in the first exchange, so every rank fails
-        # a training step's next batch: this step sends its ids (see block/ahead.py)
-        following = ahead.take(self, inputs) if selected is None else None
-        if following is not None:
-            following = ordered_inputs(following, self.features)
-        outputs = self.backend.call(ordered, training=training, problems=problems,
-                                    ahead=following)
+        following, waiting = self._step_values(inputs, training, selected)
+        outputs = self.backend.call(
+            ordered, training=training, problems=problems, following=following, waiting=waiting
+        )
         dims = {t.name: t.dim for t in self.tables}
         # (a feature missing here has already failed every rank in the exchange's checks)
-        result = {f.name: sequence_output(out, inputs[f.name], dims[f.table])
-                  if f.multi_hot and f.combiner is None and f.name in inputs else out
-                  for f, out in zip(self.features, outputs)}
+        result = {
+            f.name: sequence_output(out, inputs[f.name], dims[f.table])
+            if f.multi_hot and f.combiner is None and f.name in inputs
+            else out
+            for f, out in zip(self.features, outputs)
+        }
         result = {name: _static_batch(out, inputs.get(name)) for name, out in result.items()}
         for name, layer in self.combiner_layers.items():
             # as Merlin's tables: the layer gets the call's kwargs it accepts (``features``)
@@ -243,13 +308,30 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
                 self.add_loss(reg.batch_l2_loss(result[f.name], factor, self.world_size))
         return result
 
+    def _step_values(self, inputs, training, selected):
+        """``(following, waiting)`` of the training step being traced (``backends/step.py``):
+        the next batch's ids when this call reads the step's batch (this step sends them,
+        ``backends/horovod/ahead.py``), and the list where the exchanges' backward waits for
+        the optimizer (``backends/horovod/backward.py``); None each otherwise."""
+        step = current_step()
+        if step is None or not training:
+            return None, None
+        following = None
+        if selected is None and self.exchange_ahead:
+            following = step.next_batch_for(id(self), [f.name for f in self.features], inputs)
+        if following is not None:
+            following = ordered_inputs(following, self.features)
+        return following, step.waiting if self.merge_backward else None
+
     def checkpoint_children(self, children: dict) -> dict:
-        """The block's dependencies in checkpoints: one per table (see :mod:`.reload`)."""
+        """The block's dependencies in checkpoints: one per table (see
+        :mod:`merlin_models_de.persistence.keras_checkpoint`)."""
         state = getattr(self, "table_checkpoints", None)  # None until built
         return children if state is None else state.to_save(children)
 
     def checkpoint_dependency(self, name: str, found):
-        """What a saved dependency ``name`` stands for (see :mod:`.reload`)."""
+        """What a saved dependency ``name`` stands for (see
+        :mod:`merlin_models_de.persistence.keras_checkpoint`)."""
         state = getattr(self, "table_checkpoints", None)
         # unbuilt: Keras asks for every weight it adds; a restore waiting for an older
         # layout's name is matched when the table dependencies appear (persistence/keras_checkpoint.py)
@@ -280,13 +362,17 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
             dim={t.name: t.dim for t in self.tables},  # resolved: infer_dim_fn is not saved
             sequence_combiner=_serialize_combiner(self.sequence_combiner),
             embeddings_initializer=_serialize(self.embeddings_initializer),
-            embeddings_regularizer=_serialize(self.embeddings_regularizer,
-                                              tf.keras.regularizers),
+            embeddings_regularizer=_serialize(self.embeddings_regularizer, tf.keras.regularizers),
             trainable=trainable_config(self, _plain(self._trainable_option)),
             l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
-            input_length=self.input_length, backend=self._requested_backend, validate_ids=self.validate_ids,
-            exchange_dtype=self.exchange_dtype, exchange_ahead=self.exchange_ahead,
-            merge_backward=self.merge_backward, **self.options)
+            input_length=self.input_length,
+            backend=self._requested_backend,
+            validate_ids=self.validate_ids,
+            exchange_dtype=self.exchange_dtype,
+            exchange_ahead=self.exchange_ahead,
+            merge_backward=self.merge_backward,
+            **self.options,
+        )
         return config
 
     @classmethod
@@ -302,18 +388,24 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         ranges; see :func:`merlin_models_de.planner.placed_like`). Before build, on every
         rank: a per-row companion (a tied output's item bias) then sits with its rows."""
         if self.built or len(self.tables) != 1:
-            raise ValueError(f"place_like needs an unbuilt block with one table; block "
-                             f"'{self.name}' has tables {[t.name for t in self.tables]}"
-                             f"{' and is built' if self.built else ''}.")
+            raise ValueError(
+                f"place_like needs an unbuilt block with one table; block "
+                f"'{self.name}' has tables {[t.name for t in self.tables]}"
+                f"{' and is built' if self.built else ''}."
+            )
         self.plan = placed_like(plan, table, self.tables[0])
         self.backend = self._new_backend()
 
     def _new_backend(self):
         """The backend of ``self.plan`` with the block's options."""
-        backend = create(self.backend_name, self.plan, self.features, self.rank,
-                         validate_ids=self.validate_ids, exchange_dtype=self.exchange_dtype)
-        backend.merge_backward = self.merge_backward
-        return backend
+        return create(
+            self.backend_name,
+            self.plan,
+            self.features,
+            self.rank,
+            validate_ids=self.validate_ids,
+            exchange_dtype=self.exchange_dtype,
+        )
 
     # the compiled model's optimizer: its name and extra copies per parameter (plain values,
     # which Keras does not track); set by the compile hook (merlin/hooks.py)
@@ -324,9 +416,13 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
         """The placement summary, with the backend that runs it. Bytes with slots count the
         slots of ``optimizer`` (a name), else of the compiled model's optimizer, else sgd's."""
         compiled = optimizer is None and self.compiled_optimizer_name is not None
-        table = (self.plan.summary(optimizer=self.compiled_optimizer_name,
-                                   slots=self.compiled_optimizer_slots) if compiled
-                 else self.plan.summary(optimizer=optimizer or "sgd"))
+        table = (
+            self.plan.summary(
+                optimizer=self.compiled_optimizer_name, slots=self.compiled_optimizer_slots
+            )
+            if compiled
+            else self.plan.summary(optimizer=optimizer or "sgd")
+        )
         return f"backend={self.backend_name}\n{table}"
 
     @property
@@ -349,11 +445,15 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
 
     def get_global_weights(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         """Collective: ``{table: full NumPy array}`` on every rank, moved in chunks."""
-        self._ensure_built()
+        self.ensure_built()
         return {t.name: self.backend.get_table(t.name, chunk_bytes) for t in self.tables}
 
-    def set_global_weights(self, arrays: Mapping | None, root_rank: int | None = None,
-                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def set_global_weights(
+        self,
+        arrays: Mapping | None,
+        root_rank: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
         """Collective: writes full tables into the owners' shards.
 
         Args:
@@ -362,18 +462,20 @@ class DistributedEmbeddings(TableAccessMixin, tf_checkpoint.TableCheckpointMixin
                 broadcast in chunks.
             root_rank: See ``arrays``.
         """
-        self._ensure_built()
+        self.ensure_built()
         if arrays is not None:
             unknown = sorted(set(arrays) - {t.name for t in self.tables})
             if unknown:
-                raise ValueError(f"Unknown tables: {unknown}. Known: {[t.name for t in self.tables]}")
+                raise ValueError(
+                    f"Unknown tables: {unknown}. Known: {[t.name for t in self.tables]}"
+                )
         for t in self.tables:
             array = arrays.get(t.name) if arrays is not None else None
             if arrays is not None and array is None and root_rank is None:
                 raise ValueError(f"Missing table '{t.name}' in arrays")
             self.backend.set_table(t.name, array, root_rank, chunk_bytes)
 
-    def _ensure_built(self):
+    def ensure_built(self):
         if not self.built:
             self.build({f.name: tf.TensorShape([None]) for f in self.features})
 
@@ -444,8 +546,12 @@ def _check_unsupported(activity_regularizer, table_cls, pre, post, aggregation, 
     """``mm.Embeddings`` arguments whose meaning the block does not implement raise, named."""
     from merlin.models.tf.inputs.embedding import EmbeddingTable
 
-    given = {"activity_regularizer": (activity_regularizer, "None"),
-             "pre": (pre, "None"), "post": (post, "None"), "aggregation": (aggregation, "None")}
+    given = {
+        "activity_regularizer": (activity_regularizer, "None"),
+        "pre": (pre, "None"),
+        "post": (post, "None"),
+        "aggregation": (aggregation, "None"),
+    }
     if table_cls not in (None, EmbeddingTable):
         given["table_cls"] = (table_cls, "None or mm.EmbeddingTable")
     for key in IGNORED_LIKE_MERLIN:
@@ -459,8 +565,8 @@ def _check_unsupported(activity_regularizer, table_cls, pre, post, aggregation, 
         if value is not None:
             raise NotImplementedError(
                 f"DistributedEmbeddings does not support {key} (supported: {default}). "
-                f"Received: {key}={value!r}")
-
+                f"Received: {key}={value!r}"
+            )
 
 
 def _static_batch(out, ids):
@@ -469,7 +575,11 @@ def _static_batch(out, ids):
     statically (one known, one not)."""
     shape = getattr(ids, "shape", None)
     batch = shape[0] if shape is not None and shape.rank else None
-    if (batch is None or not isinstance(out, tf.Tensor) or out.shape.rank is None
-            or out.shape[:1].is_fully_defined()):
+    if (
+        batch is None
+        or not isinstance(out, tf.Tensor)
+        or out.shape.rank is None
+        or out.shape[:1].is_fully_defined()
+    ):
         return out
     return tf.ensure_shape(out, [batch] + out.shape.as_list()[1:])

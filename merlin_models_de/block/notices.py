@@ -1,4 +1,5 @@
 """One-line notices for the user, each printed once per process."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,14 @@ def one_rank_notice(world_size: int) -> str | None:
     if world_size != 1 or comm.overridden() or "one_rank" in _SHOWN:
         return None
     _SHOWN.add("one_rank")
-    where = ("under horovodrun with one rank" if "HOROVOD_RANK" in os.environ
-             else "in one process (not started by horovodrun)")
-    line = (f"merlin_models_de: DistributedEmbeddings runs {where}: every table is whole "
-            "here, as with mm.Embeddings; launch with `horovodrun -np N` to split them.")
+    where = (
+        "under horovodrun with one rank"
+        if "HOROVOD_RANK" in os.environ
+        else "in one process (not started by horovodrun)"
+    )
+    line = (
+        f"merlin_models_de: DistributedEmbeddings runs {where}: every table is whole "
+        "here, as with mm.Embeddings; launch with `horovodrun -np N` to split them."
+    )
     print(line, file=sys.stderr, flush=True)
     return line

@@ -21,6 +21,7 @@ Example:
     >>> table_option({"user": 0.1}, table, 0.0)  # doctest: +SKIP
     0.1
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -57,8 +58,10 @@ def check_keys(option: str, value, tables) -> None:
     known = {t.name for t in tables} | {f.name for t in tables for f in t.features}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ValueError(f"{option} names features or tables that are not in the schema: "
-                         f"{unknown}. Known: {sorted(known)}")
+        raise ValueError(
+            f"{option} names features or tables that are not in the schema: "
+            f"{unknown}. Known: {sorted(known)}"
+        )
 
 
 def regularizers(value, tables) -> dict:
@@ -83,7 +86,8 @@ def check_regularizers(regs: Mapping, plan) -> None:
                 f"{plan.world_size} ranks: the table is sharded, and only a sum over its "
                 f"elements can be computed shard by shard. Replicate the table "
                 f"(data_parallel_threshold) or use one process. Received: "
-                f"embeddings_regularizer={reg!r}")
+                f"embeddings_regularizer={reg!r}"
+            )
 
 
 def shard_loss_weight(shard, world_size: int) -> int:
@@ -102,7 +106,7 @@ def add_table_losses(layer, backend, plan, rank: int, regs: Mapping) -> None:
 
         def loss(var=var, first=first, rows=shard.rows, reg=reg, weight=weight):
             whole = first == 0 and var.shape[0] == rows
-            value = reg(var if whole else var[first:first + rows])
+            value = reg(var if whole else var[first : first + rows])
             return value * weight if weight != 1 else value
 
         layer.add_loss(loss)
@@ -114,8 +118,10 @@ def batch_l2_factors(value, tables) -> dict:
     for t in tables:
         factor = table_option(value, t, 0.0)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 0:
-            raise ValueError(f"l2_batch_regularization_factor for table '{t.name}' must be a "
-                             f"number >= 0. Received: {factor!r}")
+            raise ValueError(
+                f"l2_batch_regularization_factor for table '{t.name}' must be a "
+                f"number >= 0. Received: {factor!r}"
+            )
         if factor > 0:
             out[t.name] = float(factor)
     return out

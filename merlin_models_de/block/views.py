@@ -8,6 +8,7 @@ them), and the block runs its whole exchange with placeholder ids for the others
 takes part in every exchange, whatever it selected) and returns the selected outputs. It owns
 no variables; the block is its only sublayer.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -25,8 +26,10 @@ class FeatureSelection(Block):
         self.features = tuple(features)
         unknown = [f for f in self.features if f not in block.schema.column_names]
         if unknown:
-            raise ValueError(f"Features {unknown} are not embedded by block '{block.name}'. "
-                             f"Its features: {block.schema.column_names}")
+            raise ValueError(
+                f"Features {unknown} are not embedded by block '{block.name}'. "
+                f"Its features: {block.schema.column_names}"
+            )
         self.set_schema(block.schema.select_by_name(list(self.features)))
 
     def call(self, inputs, **kwargs):
@@ -41,8 +44,11 @@ class FeatureSelection(Block):
         return self.block.select_by_names_view(selected)
 
     def get_config(self):
-        return dict(super().get_config(), block=tf.keras.layers.serialize(self.block),
-                    features=list(self.features))
+        return dict(
+            super().get_config(),
+            block=tf.keras.layers.serialize(self.block),
+            features=list(self.features),
+        )
 
     @classmethod
     def from_config(cls, config):

@@ -29,7 +29,14 @@ Example:
     >>> compat.check_versions({"tensorflow": "2.12.1", "merlin-models": "23.8.0",
     ...                        "horovod": "0.28.1"})
 """
+
 from __future__ import annotations
-from merlin_models_de.compat.versions import (SKIP_ENV, SUPPORTED, UnsupportedVersionError,
-                                              check_versions, ensure_supported,
-                                              installed_versions)
+
+from merlin_models_de.compat.versions import (
+    SKIP_ENV,
+    SUPPORTED,
+    UnsupportedVersionError,
+    check_versions,
+    ensure_supported,
+    installed_versions,
+)

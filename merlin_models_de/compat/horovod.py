@@ -1,9 +1,11 @@
 """Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance, the
 elastic retry loop (its reset and run function), and the address its services bind."""
+
 from __future__ import annotations
 
 from merlin_models_de import comm
 from merlin_models_de.compat.versions import ensure_supported
+
 
 def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
     """``hvd.DistributedOptimizer`` around ``optimizer`` that registers every variable for
@@ -12,10 +14,10 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
     rank, so graph-mode steps pair up; ``prefix`` starts those names: each optimizer of a step
     needs its own).
 
-    ``merged``: ``(collecting, complete)`` of a backward exchange that waits for the
-    optimizer (``backends/deferred.py``): the gradients are computed inside ``collecting()``,
-    then ``complete(grads, variables, local)`` returns them with the waiting exchanges done
-    and says which global ones it averaged (the allreduce skips those)."""
+    ``merged``: ``complete(grads, variables, local)`` of the exchanges whose backward waits
+    for the optimizer (``backends/horovod/backward.py``): it returns the gradients with the
+    waiting exchanges done and says which global ones it averaged (the allreduce skips
+    those)."""
     ensure_supported()
     comm.hvd()  # initialized
     import horovod.tensorflow.keras as hvd_keras
@@ -23,9 +25,10 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
 
     # local gradients are divided by the world size here: Horovod 0.28.1's own scaling
     # divides a float gradient by an int32 size tensor under elastic (a TypeError)
-    wrapped = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=True,
-                                             scale_local_gradients=False)
-    allreduce = wrapped._allreduce  # pylint: disable=protected-access
+    wrapped = hvd_keras.DistributedOptimizer(
+        optimizer, sparse_as_dense=True, scale_local_gradients=False
+    )
+    allreduce = wrapped._allreduce
     # Horovod's own reduce function puts each gradient's allreduce behind a tf.cond, in a
     # nested tf.function that autograph rewrites: ~1 s of the first step's tracing, and a
     # function call per gradient every step. comm's grouped average is plain graph code.
@@ -42,22 +45,16 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
                 wrapped.register_local_var(var)
         averaged = [False] * len(local)
         if merged is not None:
-            grads, averaged = merged[1](grads, variables, local)
+            grads, averaged = merged(grads, variables, local)
         rest = allreduce([None if done else g for g, done in zip(grads, averaged)], variables)
         size = float(comm.size())
-        return [g if done else comm.divided(r, size) if mine and r is not None else r
-                for g, r, done, mine in zip(grads, rest, averaged, local)]
+        return [
+            g if done else comm.divided(r, size) if mine and r is not None else r
+            for g, r, done, mine in zip(grads, rest, averaged, local)
+        ]
 
-    wrapped._allreduce_grads = generic_names  # pylint: disable=protected-access
-    wrapped._allreduce = register_then_allreduce  # pylint: disable=protected-access
-    if merged is not None:
-        compute = wrapped._compute_gradients  # pylint: disable=protected-access
-
-        def collecting_compute(*args, **kwargs):
-            with merged[0]():
-                return compute(*args, **kwargs)
-
-        wrapped._compute_gradients = collecting_compute  # pylint: disable=protected-access
+    wrapped._allreduce_grads = generic_names
+    wrapped._allreduce = register_then_allreduce
     return wrapped
 
 
@@ -96,7 +93,7 @@ def elastic_run(func):
     import tensorflow as tf
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HorovodInternalError
-    from horovod.tensorflow.elastic import _reset  # pylint: disable=protected-access
+    from horovod.tensorflow.elastic import _reset
 
     def wrapper(state, *args, **kwargs):
         try:
@@ -119,8 +116,11 @@ def unwrapped(optimizer):
     return base.from_config(optimizer.get_config())
 
 
-_FIND_PORT_USERS = ("horovod.runner.util.network", "horovod.runner.http.http_server",
-                    "horovod.runner.common.util.network")
+_FIND_PORT_USERS = (
+    "horovod.runner.util.network",
+    "horovod.runner.http.http_server",
+    "horovod.runner.common.util.network",
+)
 
 
 def bind_services_to(address: str) -> None:
@@ -151,15 +151,18 @@ def bind_services_to(address: str) -> None:
 
 def interface_address(interface: str) -> str:
     """The IPv4 address of network interface ``interface``; a clear error when it has none."""
-    import psutil  # a dependency of Horovod's launcher
     import socket
+
+    import psutil  # a dependency of Horovod's launcher
 
     found = psutil.net_if_addrs()
     for entry in found.get(interface, []):
         if entry.family == socket.AF_INET:
             return entry.address
-    raise ValueError(f"network interface {interface!r} has no IPv4 address here (interfaces: "
-                     f"{sorted(found)}). Received: --network-interface {interface}")
+    raise ValueError(
+        f"network interface {interface!r} has no IPv4 address here (interfaces: "
+        f"{sorted(found)}). Received: --network-interface {interface}"
+    )
 
 
 def launcher_interfaces() -> list:

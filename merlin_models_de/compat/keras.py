@@ -1,5 +1,6 @@
-"""Keras' private API: optimizer slot creation, layer-name counters and the seed generator
-of unseeded initializers."""
+"""Keras' private API: optimizer slot creation, layer-name counters, the seed generator
+of unseeded initializers and ``fit``'s cached validation data."""
+
 from __future__ import annotations
 
 import contextlib
@@ -32,14 +33,17 @@ def create_optimizer_slots(optimizer, variables) -> None:
     if getattr(optimizer, "inner_optimizer", None) is not None:
         raise NotImplementedError(
             f"Checkpoints cannot hold the state of {name}: its dynamic loss scale lives "
-            f"outside the optimizer's variables. Received: optimizer={name}")
+            f"outside the optimizer's variables. Received: optimizer={name}"
+        )
     if hasattr(optimizer, "optimizers_and_blocks"):  # Merlin's MultiOptimizer
         # The same assignment of variables to optimizers as its apply_gradients makes.
         optimizer.var_optimizer_dict = {}
-        optimizer._get_trainable_variables_optimizer_dict(  # pylint: disable=protected-access
-            optimizer.optimizers_and_blocks, require_disjoint=True)
-        optimizer._get_trainable_variables_optimizer_dict(  # pylint: disable=protected-access
-            optimizer.update_optimizers_and_blocks, require_disjoint=False)
+        optimizer._get_trainable_variables_optimizer_dict(
+            optimizer.optimizers_and_blocks, require_disjoint=True
+        )
+        optimizer._get_trainable_variables_optimizer_dict(
+            optimizer.update_optimizers_and_blocks, require_disjoint=False
+        )
         groups: dict = {}
         for var in variables:
             owner = optimizer.var_optimizer_dict.get(var.ref(), optimizer.default_optimizer)
@@ -48,21 +52,23 @@ def create_optimizer_slots(optimizer, variables) -> None:
             create_optimizer_slots(owner, owned)
         return
     if hasattr(optimizer, "_create_all_weights"):  # legacy Keras optimizers
-        optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+        optimizer._create_all_weights(variables)
         return
     optimizer.build(variables)  # new-style Keras optimizers; builds once
     known = {v.ref() for v in optimizer_variables(optimizer)}
     # Hyperparameters are variables too, but not state: a restore on another world size
     # must keep the (scaled) learning rate it was compiled with.
     hyper = ("_iterations", "_learning_rate", "_current_learning_rate")
-    hidden = sorted(attr for attr, value in vars(optimizer).items()
-                    if isinstance(value, tf.Variable) and attr not in hyper
-                    and value.ref() not in known)
+    hidden = sorted(
+        attr
+        for attr, value in vars(optimizer).items()
+        if isinstance(value, tf.Variable) and attr not in hyper and value.ref() not in known
+    )
     if hidden:
         raise NotImplementedError(
             f"Checkpoints cannot hold the state of {name}: it keeps {', '.join(hidden)} "
-            f"outside its variables. Received: optimizer={name}")
-
+            f"outside its variables. Received: optimizer={name}"
+        )
 
 
 @contextlib.contextmanager
@@ -92,7 +98,7 @@ def _keras_seed_generator():
     """Keras' own seed generator (a ``random.Random``) after ``set_random_seed``, else None."""
     from keras import backend
 
-    return getattr(backend._SEED_GENERATOR, "generator", None)  # pylint: disable=protected-access
+    return getattr(backend._SEED_GENERATOR, "generator", None)
 
 
 def initializer_seeds() -> tuple:
@@ -147,7 +153,7 @@ class UntrackedSublayersMixin:
         yield from super()._flatten_modules(recursive=recursive, include_self=include_self)
         for layer in self.untracked_sublayers():
             if recursive:
-                yield from layer._flatten_modules(recursive=True, include_self=True)  # pylint: disable=protected-access
+                yield from layer._flatten_modules(recursive=True, include_self=True)
             else:
                 yield layer
 
@@ -160,27 +166,34 @@ def hand_over_weights(owner, holder, variables) -> None:
     for attr in ("_trainable_weights", "_non_trainable_weights"):
         kept = [v for v in getattr(owner, attr) if v.ref() not in refs]
         getattr(owner, attr)[:] = kept
-    known = {v.ref() for v in holder._trainable_weights}  # pylint: disable=protected-access
-    holder._trainable_weights.extend(v for v in variables if v.ref() not in known)  # pylint: disable=protected-access
+    known = {v.ref() for v in holder._trainable_weights}
+    holder._trainable_weights.extend(v for v in variables if v.ref() not in known)
 
 
 def retrack(owner, old, new) -> None:
     """``owner`` (a Keras optimizer) tracks ``new`` under the name it tracked ``old`` by
     (Merlin's MultiOptimizer names its optimizers ``Optimizer<i>``), so checkpoints of
     ``owner`` hold the optimizer that now trains."""
-    for ref in list(owner._self_unconditional_checkpoint_dependencies):  # pylint: disable=protected-access
+    for ref in list(owner._self_unconditional_checkpoint_dependencies):
         if ref.ref is old:
-            owner._track_trackable(new, name=ref.name, overwrite=True)  # pylint: disable=protected-access
+            owner._track_trackable(new, name=ref.name, overwrite=True)
 
 
-def wrap_compute_gradients(optimizer, after, around=contextlib.nullcontext) -> None:
+def wrap_compute_gradients(optimizer, after) -> None:
     """``optimizer.minimize`` passes the ``(gradient, variable)`` pairs it computes through
-    ``after`` before applying them (Keras' legacy ``_compute_gradients``, on this instance);
-    both run inside the context ``around()``."""
-    compute = optimizer._compute_gradients  # pylint: disable=protected-access
+    ``after`` before applying them (Keras' legacy ``_compute_gradients``, on this instance)."""
+    compute = optimizer._compute_gradients
 
     def computed(loss, var_list, grad_loss=None, tape=None):
-        with around():
-            return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
+        return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
 
-    optimizer._compute_gradients = computed  # pylint: disable=protected-access
+    optimizer._compute_gradients = computed
+
+
+def forget_validation_data(model) -> None:
+    """Drops the validation data handler an earlier ``fit`` left on ``model``. Keras makes
+    it at the first validation and deletes it when ``fit`` returns; a ``fit`` that raised
+    leaves it, and the next ``fit`` would read the old data (on several ranks: an iterator
+    left mid-way on some ranks, the next step's collectives waiting forever)."""
+    if getattr(model, "_eval_data_handler", None) is not None:
+        del model._eval_data_handler

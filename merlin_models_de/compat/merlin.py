@@ -1,5 +1,6 @@
 """Merlin Models' private API: the model hooks, the output translation, the top-k encoder
 hook, the loader's sharding attributes and the schemas of a ``from_config`` copy."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,14 +11,16 @@ from merlin_models_de.compat.versions import ensure_supported
 
 _MARK = "_mmde_hooks"
 
+
 def install_merlin_hooks(hooks) -> None:
     """Wraps Merlin's ``BaseModel`` methods with ``hooks`` (idempotent).
 
     ``hooks`` provides ``active(model)`` (adjust this model?), ``compile(original, model,
     optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
     ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
-    ``check_batches(model, method, data, steps)`` (before ``fit`` / ``evaluate`` /
-    ``predict``), ``rank_loader(method, data, batch_size, shuffle, loader_kwargs)`` (a
+    ``prepare(model, method, arguments)`` (before ``fit`` / ``evaluate`` / ``predict``: the
+    call's arguments by name, returned checked and adjusted),
+    ``rank_loader(method, data, batch_size, shuffle, loader_kwargs)`` (a
     Merlin ``Dataset`` given to them, as a ``Loader``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
     ``rebuild_scope()`` (a context around every model class's ``from_config``),
     ``fit_input(model, x)`` (the training data ``fit`` reads, for models whose class keeps
@@ -32,10 +35,10 @@ def install_merlin_hooks(hooks) -> None:
         return
     compile_, evaluate_ = model_cls.compile, model_cls.evaluate
     fit_, predict_ = model_cls.fit, model_cls.predict
-    add_callbacks = model_cls._add_horovod_callbacks  # pylint: disable=protected-access
+    add_callbacks = model_cls._add_horovod_callbacks
     train_step_ = model_cls.train_step
 
-    def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
+    def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Merlin's method name)
         if not hooks.active(self):
             out = compile_(self, optimizer, *args, **kwargs)
         else:
@@ -47,13 +50,11 @@ def install_merlin_hooks(hooks) -> None:
         if not hooks.active(self):
             return evaluate_(self, x, *args, **kwargs)
         x, args, kwargs = _loaders_first(evaluate_, hooks, "evaluate", self, x, args, kwargs)
-        hooks.check_batches(self, "evaluate", x, kwargs.get("steps"))
         return hooks.evaluate(evaluate_, self, x, *args, **kwargs)
 
     def fit(self, x=None, *args, **kwargs):
         if hooks.active(self):
             x, args, kwargs = _loaders_first(fit_, hooks, "fit", self, x, args, kwargs)
-            hooks.check_batches(self, "fit", x, kwargs.get("steps_per_epoch"))
             hooks.before_fit(self)
             if type(self).train_step is train_step:  # a subclass's own step would not unpack it
                 x = hooks.fit_input(self, x)
@@ -66,7 +67,6 @@ def install_merlin_hooks(hooks) -> None:
     def predict(self, x, *args, **kwargs):
         if hooks.active(self):
             x, args, kwargs = _loaders_first(predict_, hooks, "predict", self, x, args, kwargs)
-            hooks.check_batches(self, "predict", x, kwargs.get("steps"))
         return predict_(self, x, *args, **kwargs)
 
     def _add_horovod_callbacks(self, callbacks):
@@ -76,13 +76,21 @@ def install_merlin_hooks(hooks) -> None:
     model_cls.compile, model_cls.evaluate = compile, evaluate
     model_cls.fit, model_cls.predict = fit, predict
     model_cls.train_step = train_step
-    model_cls._add_horovod_callbacks = _add_horovod_callbacks  # pylint: disable=protected-access
-    for cls in [c for c in vars(merlin_base).values()
-                if isinstance(c, type) and issubclass(c, model_cls) and "save" in c.__dict__]:
+    model_cls._add_horovod_callbacks = _add_horovod_callbacks
+    for cls in [
+        c
+        for c in vars(merlin_base).values()
+        if isinstance(c, type) and issubclass(c, model_cls) and "save" in c.__dict__
+    ]:
         cls.save = _wrapped_save(cls.__dict__["save"], hooks)
-    for cls in [model_cls] + [c for c in vars(merlin_base).values()
-                              if isinstance(c, type) and issubclass(c, model_cls)
-                              and c is not model_cls and "from_config" in c.__dict__]:
+    for cls in [model_cls] + [
+        c
+        for c in vars(merlin_base).values()
+        if isinstance(c, type)
+        and issubclass(c, model_cls)
+        and c is not model_cls
+        and "from_config" in c.__dict__
+    ]:
         cls.from_config = _scoped_from_config(cls.from_config.__func__, hooks)
     setattr(model_cls, _MARK, True)
 
@@ -90,29 +98,34 @@ def install_merlin_hooks(hooks) -> None:
 # Merlin 23.8 turns a Merlin Dataset into a Loader inside the method, with these shuffles
 # (fit's own `shuffle` argument reaches only validation_data) and its **kwargs as the
 # Loader's arguments
-_DATASET_ARGUMENTS = {"fit": {"x": lambda a: True,
-                              "validation_data": lambda a: a.get("shuffle", True)},
-                      "evaluate": {"x": lambda a: False}, "predict": {"x": lambda a: False}}
+_DATASET_ARGUMENTS = {
+    "fit": {"x": lambda a: True, "validation_data": lambda a: a.get("shuffle", True)},
+    "evaluate": {"x": lambda a: False},
+    "predict": {"x": lambda a: False},
+}
 
 
 def _loaders_first(original, hooks, method, model, x, args, kwargs):
     """``(x, args, kwargs)`` of a call to Merlin's ``method`` with every Merlin ``Dataset``
     argument already turned into a ``Loader`` by ``hooks.rank_loader(method, data,
     batch_size, shuffle, loader_kwargs)``, so that the batch checks see the loader the
-    method will read. The Loader's arguments are then taken out of the call (Merlin's
-    ``evaluate`` would also pass them on to Keras, which refuses them)."""
+    method will read, then through ``hooks.prepare``. The Loader's arguments are taken out
+    of the call (Merlin's ``evaluate`` would also pass them on to Keras, which refuses
+    them)."""
     bound = inspect.signature(original).bind(model, x, *args, **kwargs)
     arguments = bound.arguments
     extra = arguments.get("kwargs", {})
     made = False
     for name, shuffle in _DATASET_ARGUMENTS[method].items():
         given = arguments.get(name)
-        loader = hooks.rank_loader(method, given, arguments.get("batch_size"),
-                                   shuffle(arguments), extra)
+        loader = hooks.rank_loader(
+            method, given, arguments.get("batch_size"), shuffle(arguments), extra
+        )
         if loader is not given:
             arguments[name], made = loader, True
     if made:
         arguments["kwargs"] = {}
+    hooks.prepare(model, method, arguments)
     return arguments["x"], bound.args[2:], bound.kwargs
 
 
@@ -148,8 +161,14 @@ def install_top_k_encoder_hook(top_k_layer) -> None:
     original = RetrievalModelV2.to_top_k_encoder
 
     @functools.wraps(original)
-    def to_top_k_encoder(self, candidates=None, candidate_id=Tags.ITEM_ID,
-                         strategy="brute-force-topk", k=10, **kwargs):
+    def to_top_k_encoder(
+        self,
+        candidates=None,
+        candidate_id=Tags.ITEM_ID,
+        strategy="brute-force-topk",
+        k=10,
+        **kwargs,
+    ):
         layer = top_k_layer(self, candidates, k)
         if layer is None:
             return original(self, candidates, candidate_id, strategy, k, **kwargs)
@@ -162,7 +181,7 @@ def install_top_k_encoder_hook(top_k_layer) -> None:
 
 def _translating_init(cls, original, accepts, tie):
     @functools.wraps(original)
-    def __init__(self, to_call=None, *args, **kwargs):
+    def __init__(self, to_call=None, *args, **kwargs):  # noqa: N807 (replaces Merlin's __init__)
         if accepts(to_call):
             to_call, kwargs = tie(cls, to_call, kwargs)
         original(self, to_call, *args, **kwargs)
@@ -173,6 +192,7 @@ def _translating_init(cls, original, accepts, tie):
 def _scoped_from_config(original, hooks):
     """``from_config`` inside ``hooks.rebuild_scope()``: a model rebuilt from its config (by
     ``load_model`` or a copy) binds its outputs' table names to its own blocks."""
+
     @functools.wraps(original)
     def from_config(cls, *args, **kwargs):
         with hooks.rebuild_scope():
@@ -206,8 +226,7 @@ def loader_rows(loader) -> int:
     """Rows a Merlin ``Loader`` reads on this rank (per pass): the cached count its own
     ``len`` is computed from. Call only when the loader has a partition for this rank."""
     ensure_supported()
-    return int(loader._buff_len)  # pylint: disable=protected-access
-
+    return int(loader._buff_len)
 
 
 def match_schemas(original, copy, opaque=()) -> None:
@@ -225,11 +244,13 @@ def match_schemas(original, copy, opaque=()) -> None:
     mine, theirs = _layers(original, opaque), _layers(copy, opaque)
     pairs = list(zip(mine, theirs))
     if len(mine) != len(theirs) or any(type(a) is not type(b) for a, b in pairs):
-        raise ValueError("The model rebuilt from its config has a different structure; "
-                         f"cannot export it. Received: {type(original).__name__}")
+        raise ValueError(
+            "The model rebuilt from its config has a different structure; "
+            f"cannot export it. Received: {type(original).__name__}"
+        )
     for mine, theirs in pairs:
         if getattr(mine, "_schema", None) is None and getattr(theirs, "_schema", None) is not None:
-            theirs._schema = None  # pylint: disable=protected-access
+            theirs._schema = None
 
 
 def _layers(layer, opaque) -> list:
@@ -238,7 +259,7 @@ def _layers(layer, opaque) -> list:
     out, seen = [], set()
 
     def walk(parent):
-        for child in parent._flatten_layers(include_self=False, recursive=False):  # pylint: disable=protected-access
+        for child in parent._flatten_layers(include_self=False, recursive=False):
             if id(child) in seen:
                 continue
             seen.add(id(child))
@@ -256,8 +277,8 @@ def optimizer_as_given(model):
     """Inside, ``model.compile`` takes its optimizer as given: Merlin's ``_create_optimizer``
     wraps each optimizer of a ``MultiOptimizer`` in Horovod's (again, when they already are)."""
     ensure_supported()
-    model._create_optimizer = lambda optimizer: optimizer  # pylint: disable=protected-access
+    model._create_optimizer = lambda optimizer: optimizer
     try:
         yield
     finally:
-        del model._create_optimizer  # pylint: disable=protected-access
+        del model._create_optimizer

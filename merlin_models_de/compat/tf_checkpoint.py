@@ -1,10 +1,12 @@
 """TensorFlow checkpoints' private API: reading a slice of a saved table whatever its layout,
 and the deferred dependencies that let a block restore tables by name."""
+
 from __future__ import annotations
 
-# dependencies. Named after this rank's layout (``mp_C1_c4``...), a block saved at one world
-# size finds nothing to match at another. So the block has one dependency per table (see
-# merlin_models_de/reload.py), given with the private Trackable hooks below.
+# A Keras checkpoint names a layer's variables by its dependencies. Named after this rank's
+# layout (``mp_C1_c4``...), a block saved at one world size would find nothing to match at
+# another. So the block has one dependency per table (persistence/keras_checkpoint.py), given
+# with the private Trackable hooks below.
 
 VALUE_KEY = "VARIABLE_VALUE"  # what TF calls a variable's one saved tensor
 
@@ -29,15 +31,19 @@ def table_slice(storage, first_row, full_shape, start, size, dtype):
     """
     import tensorflow as tf
 
-    stand_in = tf.Variable(tf.zeros([0, full_shape[1]], dtype), trainable=False,
-                           name="mmde_table_slice")
-    spec = " ".join(str(d) for d in full_shape) + " " + ":".join(
-        f"{s},{n}" for s, n in zip(start, size))
+    stand_in = tf.Variable(
+        tf.zeros([0, full_shape[1]], dtype), trainable=False, name="mmde_table_slice"
+    )
+    spec = (
+        " ".join(str(d) for d in full_shape)
+        + " "
+        + ":".join(f"{s},{n}" for s, n in zip(start, size))
+    )
 
     def rows():
         if first_row == 0 and tuple(storage.shape) == tuple(size):
             return storage
-        return storage[first_row:first_row + size[0]]
+        return storage[first_row : first_row + size[0]]
 
     def serialize():
         return {} if storage is None else {VALUE_KEY: {spec: tf.convert_to_tensor(rows())}}
@@ -46,8 +52,8 @@ def table_slice(storage, first_row, full_shape, start, size, dtype):
         return tf.no_op() if storage is None else rows().assign(restored_tensors[VALUE_KEY])
 
     # TF looks these hooks up on the instance first (saveable_object_util)
-    stand_in._serialize_to_tensors = serialize  # pylint: disable=protected-access
-    stand_in._restore_from_tensors = restore  # pylint: disable=protected-access
+    stand_in._serialize_to_tensors = serialize
+    stand_in._restore_from_tensors = restore
     return stand_in
 
 
@@ -71,16 +77,16 @@ def track_dependency(layer, name, trackable) -> None:
     that name, the model restored before it was built, happens now), and makes it the
     attribute ``name`` without Keras' attribute tracking: Keras' SavedModel loader sets every
     saved dependency it finds no attribute for, which would make a stand-in a weight."""
-    layer._track_trackable(trackable, name=name, overwrite=True)  # pylint: disable=protected-access
+    layer._track_trackable(trackable, name=name, overwrite=True)
     object.__setattr__(layer, name, trackable)
 
 
 def deferred_dependency_names(layer) -> list:
     """Names of saved dependencies that a restore into the unbuilt ``layer`` is waiting for."""
-    return list(layer._deferred_dependencies)  # pylint: disable=protected-access
+    return list(layer._deferred_dependencies)
 
 
 def restore_deferred(layer, name, trackable) -> None:
     """Restores into ``trackable`` what a restore saved under ``name`` was waiting for (a
     saved name the layer does not track itself, such as an older layout's table name)."""
-    layer._handle_deferred_dependencies(name=name, trackable=trackable)  # pylint: disable=protected-access
+    layer._handle_deferred_dependencies(name=name, trackable=trackable)

@@ -1,5 +1,6 @@
 """Which releases of TensorFlow, Merlin Models and Horovod this package supports, checked at
 first use: outside them it stops with one message naming what it found."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -28,9 +29,11 @@ def _version_of(distributions) -> str | None:
 
 def installed_versions() -> dict:
     """``{name: version or None}`` for the dependencies in :data:`SUPPORTED`."""
-    return {"tensorflow": _version_of(_TF_DISTRIBUTIONS),
-            "merlin-models": _version_of(("merlin-models",)),
-            "horovod": _version_of(("horovod",))}
+    return {
+        "tensorflow": _version_of(_TF_DISTRIBUTIONS),
+        "merlin-models": _version_of(("merlin-models",)),
+        "horovod": _version_of(("horovod",)),
+    }
 
 
 def check_versions(installed: dict | None = None) -> None:
@@ -47,13 +50,17 @@ def check_versions(installed: dict | None = None) -> None:
         if found is None and name == "horovod":
             continue
         if found is None or not any(found == p or found.startswith(p + ".") for p in prefixes):
-            bad.append(f"{name} {found or 'not installed'} (supported: "
-                       f"{', '.join(p + '.*' for p in prefixes)})")
+            bad.append(
+                f"{name} {found or 'not installed'} (supported: "
+                f"{', '.join(p + '.*' for p in prefixes)})"
+            )
     if bad:
         raise UnsupportedVersionError(
-            "merlin_models_de does not support the installed " + "; ".join(bad) +
-            f". Install the supported versions (ci/requirements.txt), or set {SKIP_ENV}=1 to "
-            "skip this check at your own risk.")
+            "merlin_models_de does not support the installed "
+            + "; ".join(bad)
+            + f". Install the supported versions (ci/requirements.txt), or set {SKIP_ENV}=1 to "
+            "skip this check at your own risk."
+        )
 
 
 def ensure_supported() -> None:

@@ -16,6 +16,7 @@ Example (under ``horovodrun --gloo --min-np 1 --max-np 4 --host-discovery-script
 A custom loop (``build`` sets ``model.optimizer``, whose slots the commits keep) calls
 ``state.after_step()`` after each optimizer step instead of passing the callback.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,11 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.compat import horovod as compat_horovod
-from merlin_models_de.persistence.checkpoint import (latest_checkpoint, restore_checkpoint,
-                                                     save_checkpoint)
+from merlin_models_de.persistence.checkpoint import (
+    latest_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
 
 
 def run(func):
@@ -47,8 +51,9 @@ def _state_class():
             self._build, self.directory = build, directory
             self.commit_every, self.keep, self.model = int(commit_every), keep, None
             self.commits = []  # (step, seconds) of the commits this process made
-            super().__init__(bcast_object=comm.broadcast_object, get_rank=comm.rank,
-                             step=0, **counters)
+            super().__init__(
+                bcast_object=comm.broadcast_object, get_rank=comm.rank, step=0, **counters
+            )
 
         def save(self):  # commit: a sharded checkpoint named after the step
             start = tf.timestamp()

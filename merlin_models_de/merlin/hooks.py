@@ -12,9 +12,14 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
   names so graph-mode steps cannot deadlock.
 - fit / evaluate / predict: a Merlin ``Dataset`` given to them is read by a ``Loader`` made
   under the data rules (a partition a rank at least, ``drop_last=True`` unless given), and
-  every rank is checked to run the same number of equal batches before the first step.
+  every input (``validation_data`` too) is checked to give every rank the same number of
+  equal batches before the first step, or made to end on every rank together
+  (:mod:`merlin_models_de.merlin.calls`); ranks other than 0 are quiet unless given
+  ``verbose``.
 - fit: with a ``tf.data`` input each step also sends the next batch's ids
-  (:mod:`merlin_models_de.block.ahead`); Merlin's broadcast callback is replaced by one that skips local variables and slots;
+  (:mod:`merlin_models_de.backends.horovod.ahead`), and each traced step opens the values
+  its blocks and optimizer share (:mod:`merlin_models_de.backends.step`); Merlin's broadcast
+  callback is replaced by one that skips local variables and slots;
   with ``validate_ids=False`` the epoch's ids outside their tables are reported
   (:mod:`merlin_models_de.merlin.id_report`).
 - evaluate: metric states are summed over ranks, so results equal one process's.
@@ -28,36 +33,51 @@ training equals one process with batch N*B and learning rate N*lr.
 Example:
     >>> import merlin_models_de  # the hooks go in with the first block built  # doctest: +SKIP
 """
+
 from __future__ import annotations
+
+import contextlib
+import logging
 
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.runtime import agree
+from merlin_models_de.backends.horovod import ahead
+from merlin_models_de.backends.step import training_step
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin as merlin_compat
-from merlin_models_de.persistence.export import save_single_process
-from merlin_models_de.block import ahead
+
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
+from merlin_models_de.merlin.calls import prepare_call
 from merlin_models_de.merlin.id_report import report_for
 from merlin_models_de.merlin.input import rank_loader
 from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer, slot_copies
+from merlin_models_de.persistence.export import save_single_process
 from merlin_models_de.variables import embedding_blocks, local_slot_refs
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
-    """Broadcasts rank ``root_rank``'s global variables and optimizer state after the first
-    batch (as Horovod's callback does), skipping sharded tables and their slots."""
+    """Broadcasts rank ``root_rank``'s global variables and optimizer state, skipping sharded
+    tables and their slots: when training begins if the model is built (``fit`` made its
+    optimizer's slots already), else after the first batch (as Horovod's callback does, once
+    the step made the variables). Keras times the batch hooks of the first batches and warns
+    about a slow callback when a broadcast runs in one."""
 
     def __init__(self, root_rank=0):
         super().__init__()
         self.root_rank, self.done = root_rank, False
 
+    def on_train_begin(self, logs=None):
+        if self.model.built:
+            self._broadcast()
+
     def on_batch_end(self, batch, logs=None):
-        if self.done:
-            return
+        if not self.done:
+            self._broadcast()
+
+    def _broadcast(self):
         opt = self.model.optimizer
         local = local_slot_refs(opt, self.model.variables)
         global_vars = [v for v in self.model.variables if v.ref() not in local]
@@ -86,62 +106,6 @@ def sync_metric_results(model, results):
     return synced.get(model.metrics_names[0], results)
 
 
-def _merlin_dataset(data):
-    """The Merlin ``Dataset`` that ``data`` reads (itself, or a ``Loader``'s), else None."""
-    import merlin.models.tf as mm
-    from merlin.io import Dataset
-
-    if isinstance(data, mm.Loader):
-        return data.dataset
-    return data if isinstance(data, Dataset) else None
-
-
-def partitions_problem(method, data):
-    """Why ``data`` (a Merlin ``Dataset`` or ``Loader``) cannot feed every rank, or None.
-
-    Merlin's ``Loader`` deals whole partitions to the ranks; with fewer partitions than ranks
-    it fails with a bare ``IndexError`` (and a warning that suggests fewer processes)."""
-    import merlin.models.tf as mm
-
-    dataset = _merlin_dataset(data)
-    ranks = data.global_size if isinstance(data, mm.Loader) else comm.size()
-    if dataset is None or dataset.npartitions >= ranks:
-        return None
-    return (f"{method}: the dataset has {dataset.npartitions} partition(s) for {ranks} ranks; "
-            "Merlin's Loader gives each rank whole partitions, so a rank would get no data. "
-            f"Repartition it to a multiple of {ranks} before making the loader: "
-            f"ds = ds.repartition(npartitions={ranks}), then mm.Loader(ds, batch_size=B, "
-            "drop_last=True) so that every rank runs the same number of equal batches.")
-
-
-def batch_count(data):
-    """Batches ``data`` gives per epoch where that is known without reading it (a Merlin
-    ``Loader``, a Keras ``Sequence``, a ``tf.data.Dataset`` of known cardinality), else
-    None. A Merlin ``Loader`` must have a partition for this rank (see
-    :func:`partitions_problem`)."""
-    import merlin.models.tf as mm
-
-    if isinstance(data, tf.data.Dataset):
-        count = int(data.cardinality())
-        return count if count >= 0 else None
-    if isinstance(data, (mm.Loader, tf.keras.utils.Sequence)):
-        try:
-            return len(data)
-        except TypeError:  # over data of unknown length
-            return None
-    return None
-
-
-def last_batch_rows(data):
-    """Rows of a Merlin ``Loader``'s short last batch on this rank (0: none, with
-    ``drop_last=True`` or a multiple of the batch size), None for other data."""
-    import merlin.models.tf as mm
-
-    if not isinstance(data, mm.Loader):
-        return None
-    return 0 if data.drop_last else merlin_compat.loader_rows(data) % data.batch_size
-
-
 class MerlinHooks:
     """What changes in Merlin's ``BaseModel`` for models with the block on several ranks."""
 
@@ -161,44 +125,14 @@ class MerlinHooks:
     rank_loader = staticmethod(rank_loader)  # a Merlin Dataset given to fit / evaluate / predict
 
     @staticmethod
-    def check_batches(model, method, data, steps):
-        """Raises on every rank, before any step, when the ranks would not run the same
-        number of equal batches: each step exchanges embeddings across ranks, so a rank that
-        ran out of batches would leave the others waiting in a collective, and a short last
-        batch on one rank fails that step. Checked: a Merlin dataset with fewer partitions
-        than ranks, batch counts, and a Merlin ``Loader``'s last batch without
-        ``drop_last``. Unknown counts are not checked."""
-        del model
-        def count():
-            problem = partitions_problem(method, data)
-            if problem is not None:
-                raise ValueError(problem)  # the same on every rank: each raises its own
-            if steps is not None:
-                return int(steps), None
-            found = batch_count(data)
-            return (-1 if found is None else int(found)), last_batch_rows(data)
-
-        _, shapes = agree.on_every_rank(f"{method}: counting each rank's batches", count,
-                                        share=lambda c: c, error_type=ValueError)
-        counts = [c for c, _ in shapes]
-        given = "steps_per_epoch" if method == "fit" else "steps"
-        known = [c for c in counts if c >= 0]
-        if len(known) == len(counts) and len(set(known)) > 1:
-            raise ValueError(
-                f"{method}: every rank must run the same number of batches (each step "
-                f"exchanges embeddings across ranks). Batches per rank: "
-                f"{dict(enumerate(counts))}. Give every rank the same number of equal "
-                f"batches (ds.repartition(npartitions=N) with N a multiple of {len(counts)}, "
-                f"partitions of equal size, mm.Loader(..., drop_last=True)), or pass "
-                f"{given}={min(known)}.")
-        lasts = [last for _, last in shapes]
-        if None not in lasts and len(set(lasts)) > 1:
-            raise ValueError(
-                f"{method}: the ranks' last batches differ in size (each step exchanges "
-                f"embeddings across ranks, so every rank's batch must be equal). Rows in the "
-                f"last batch per rank: {dict(enumerate(lasts))}. Make the loader with "
-                f"mm.Loader(ds, batch_size=B, drop_last=True), or pass "
-                f"{given}={max(min(known) - 1, 0)}.")
+    def prepare(model, method, arguments):
+        """The call's ``arguments`` (bound by name) made safe on several ranks before any
+        step: every input counted and compared across ranks (:mod:`.batches`), inputs of
+        unknown length made to end together (:mod:`.ending`), ``verbose`` 0 on ranks other
+        than 0 unless given, ``evaluate`` / ``predict``'s report of ids outside their
+        tables, and no validation data left from an earlier ``fit`` (Keras keeps it after a
+        failed call, and a retry would read it)."""
+        return prepare_call(model, method, arguments)
 
     @staticmethod
     def after_compile(model):
@@ -229,7 +163,9 @@ class MerlinHooks:
         ahead.forget(model)
         return ahead.pipelined(model, data)
 
-    step_inputs = staticmethod(ahead.stashed)  # the exchanged ids, out of the batch
+    # each traced train step: its values for the blocks and the optimizer, the next batch's
+    # ids out of the batch
+    step_inputs = staticmethod(lambda model, data: training_step(data))
 
     @staticmethod
     def evaluate(original, model, *args, **kwargs):
@@ -237,8 +173,12 @@ class MerlinHooks:
 
     @staticmethod
     def fit_callbacks(model, callbacks):
-        callbacks = [BroadcastGlobalVariablesCallback(0)
-                     if horovod_compat.is_horovod_broadcast_callback(c) else c for c in callbacks]
+        callbacks = [
+            BroadcastGlobalVariablesCallback(0)
+            if horovod_compat.is_horovod_broadcast_callback(c)
+            else c
+            for c in callbacks
+        ]
         report = report_for(model)  # validate_ids=False: the epoch's ids outside their tables
         return callbacks + [report] if report is not None else callbacks
 
@@ -251,7 +191,27 @@ class MerlinHooks:
 
     @staticmethod
     def save(original, model, *args, **kwargs):
-        return save_single_process(model, original, *args, **kwargs)
+        with uncompiled_load_quiet():  # rank 0 saves an uncompiled single-process copy
+            return save_single_process(model, original, *args, **kwargs)
+
+
+class _NotCompiledNotice(logging.Filter):
+    def filter(self, record):
+        return "No training configuration found" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def uncompiled_load_quiet():
+    """Inside, TensorFlow's logger drops Keras' "No training configuration found ... Compile
+    it manually" warning. Merlin's ``save`` loads what it wrote to read its output schema;
+    the package saves an uncompiled copy (its optimizer state is the tables' checkpoints'
+    business), so that load warned about the package's own save, on rank 0."""
+    notice, logger = _NotCompiledNotice(), tf.get_logger()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def top_k_encoder_layer(model, candidates, k):
@@ -270,7 +230,8 @@ def top_k_encoder_layer(model, candidates, k):
             f"({comm.size()} ranks). Save the model (model.save: a single-process copy) and "
             "build the top-k encoder from it in one process, or, for an output tied to the "
             "block's table, call to_top_k_encoder() without candidates. Received: "
-            f"candidates={type(candidates).__name__}")
+            f"candidates={type(candidates).__name__}"
+        )
     return None
 
 

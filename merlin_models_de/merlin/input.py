@@ -13,6 +13,7 @@ Example:
     >>> train = loader_dataset(Dataset(path), batch_size=512)  # doctest: +SKIP
     >>> model.fit(train, epochs=2)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import math
@@ -28,13 +29,20 @@ def rank_partitions(npartitions: int, rank: int, world_size: int) -> list:
         raise ValueError(
             f"The dataset has {npartitions} partition(s) for {world_size} ranks: every rank "
             f"reads whole partitions. Repartition it: ds = ds.repartition(npartitions="
-            f"{world_size})")
+            f"{world_size})"
+        )
     per_rank = math.ceil(npartitions / world_size)
-    return list(range(npartitions))[rank * per_rank:(rank + 1) * per_rank]
+    return list(range(npartitions))[rank * per_rank : (rank + 1) * per_rank]
 
 
-def loader_dataset(dataset, batch_size: int, drop_last: bool = True, rank: int | None = None,
-                   world_size: int | None = None, prefetch: int = 2):
+def loader_dataset(
+    dataset,
+    batch_size: int,
+    drop_last: bool = True,
+    rank: int | None = None,
+    world_size: int | None = None,
+    prefetch: int = 2,
+):
     """``tf.data.Dataset`` of ``(features, targets)``: this rank's batches of ``dataset``, as
     ``mm.Loader(dataset, batch_size, shuffle=False, drop_last=drop_last)`` gives them under
     horovodrun (``rank`` / ``world_size``: the launch's by default; pass ``world_size=1`` for
@@ -50,8 +58,10 @@ def loader_dataset(dataset, batch_size: int, drop_last: bool = True, rank: int |
     schema = dataset.schema
     lists = [c.name for c in schema if c.is_list]
     if lists:
-        raise ValueError(f"loader_dataset takes scalar columns only; list columns {lists} "
-                         "keep using mm.Loader(dataset, batch_size, drop_last=True).")
+        raise ValueError(
+            f"loader_dataset takes scalar columns only; list columns {lists} "
+            "keep using mm.Loader(dataset, batch_size, drop_last=True)."
+        )
     columns = schema.column_names
     targets = schema.select_by_tag(Tags.TARGET).column_names
     indices = rank_partitions(dataset.npartitions, rank, world_size)
@@ -94,13 +104,17 @@ def rank_loader(method: str, data, batch_size, shuffle: bool, loader_kwargs: dic
         return data
     ranks, done = comm.size(), []
     if data.npartitions < ranks:
-        done.append(f"repartitioned the Merlin Dataset's {data.npartitions} partition(s) to "
-                    f"{ranks} (Merlin's Loader gives each rank whole partitions)")
+        done.append(
+            f"repartitioned the Merlin Dataset's {data.npartitions} partition(s) to "
+            f"{ranks} (Merlin's Loader gives each rank whole partitions)"
+        )
         data = data.repartition(npartitions=ranks)
     kwargs = dict(loader_kwargs)
     if kwargs.get("drop_last") is None:
-        done.append(("read it" if done else "read the Merlin Dataset") + " with "
-                    "drop_last=True (every rank runs the same number of equal batches)")
+        done.append(
+            ("read it" if done else "read the Merlin Dataset") + " with "
+            "drop_last=True (every rank runs the same number of equal batches)"
+        )
         kwargs["drop_last"] = True
     said = f"{method}: for {ranks} ranks, " + " and ".join(done) + "."
     if done and comm.rank() == 0 and said not in _said:

@@ -15,12 +15,13 @@ wrapper would rebuild a MultiOptimizer from its config, blocks included).
 Example:
     >>> model.compile(optimizer=distributed(mm.LazyAdam(0.01)))  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends import deferred
+from merlin_models_de.backends.horovod import backward
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import OPTIMIZER_SLOTS
@@ -48,8 +49,9 @@ def slot_copies(optimizer) -> tuple[str, int] | None:
     optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
     # Horovod's DistributedOptimizer subclasses the optimizer's class: name the first class
     # of the optimizer's own library
-    name = next(c.__name__ for c in type(optimizer).__mro__
-                if not c.__module__.startswith("horovod")).lower()
+    name = next(
+        c.__name__ for c in type(optimizer).__mro__ if not c.__module__.startswith("horovod")
+    ).lower()
     if is_multi_optimizer(optimizer) or name not in OPTIMIZER_SLOTS:
         return None
     try:
@@ -83,8 +85,9 @@ def distributed(optimizer, prefix: str = "mmde_grad"):
     else:
         inner = scaled_optimizer(optimizer, comm.size())
     out = horovod_compat.distributed_optimizer(
-        inner, is_local, prefix=prefix, merged=(deferred.collecting, deferred.complete))
-    out._mmde_distributed = True  # compiling again keeps it
+        inner, is_local, prefix=prefix, merged=backward.complete
+    )
+    out._mmde_distributed = True  # noqa: SLF001 (our own mark on the optimizer)
     return out
 
 
@@ -104,23 +107,25 @@ def _distribute_multi(multi) -> None:
         keras_compat.retrack(multi, pair.optimizer, new)
         pair.optimizer = new
     multi.default_optimizer = scaled(multi.default_optimizer)
-    keras_compat.wrap_compute_gradients(multi, average_over_ranks, around=deferred.collecting)
-    multi._mmde_distributed = True
+    keras_compat.wrap_compute_gradients(multi, average_over_ranks)
+    multi._mmde_distributed = True  # noqa: SLF001 (our own mark on the optimizer)
 
 
 @tf.autograph.experimental.do_not_convert
 def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
     """Global gradients averaged over ranks (one grouped allreduce); local ones (shards,
     sparse or not) divided by N, as Horovod's ``scale_local_gradients`` does. Rows whose
-    backward waited (``backends/deferred.py``) go back first, with the float32 global
+    backward waited (``backends/horovod/backward.py``) go back first, with the float32 global
     gradients when they may."""
     pairs, n = list(grads_and_vars), comm.size()
     variables = [v for _, v in pairs]
-    grads, done = deferred.complete([g for g, _ in pairs], variables,
-                                    [is_local(v) for v in variables], f"{prefix}_merged")
+    grads, done = backward.complete(
+        [g for g, _ in pairs], variables, [is_local(v) for v in variables], f"{prefix}_merged"
+    )
     pairs = list(zip(grads, variables))
-    shared = [i for i, (g, v) in enumerate(pairs)
-              if g is not None and not is_local(v) and not done[i]]
+    shared = [
+        i for i, (g, v) in enumerate(pairs) if g is not None and not is_local(v) and not done[i]
+    ]
     averaged = comm.average_gradients([pairs[i][0] for i in shared], prefix)
     out = list(pairs)
     for i, grad in zip(shared, averaged):

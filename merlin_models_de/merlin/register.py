@@ -9,6 +9,7 @@ after Merlin Models is imported (or at registration, when it already is), the Me
 in too (:mod:`merlin_models_de.merlin.hooks`: inert for models without the block), so the
 block itself never imports the output side. Idempotent.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,14 +28,14 @@ def _attach(module) -> None:
     if getattr(current, "_mmde", False):
         return
 
-    def __getattr__(name):  # pylint: disable=invalid-name
+    def __getattr__(name):  # noqa: N807 (a module's __getattr__)
         if name == NAME:
             return getattr(importlib.import_module(_LAYER), NAME)
         if current is not None:
             return current(name)
         raise AttributeError(f"module {TARGET!r} has no attribute {name!r}")
 
-    __getattr__._mmde = True  # pylint: disable=protected-access
+    __getattr__._mmde = True  # noqa: SLF001 (our own mark on the hook)
     module.__getattr__ = __getattr__
     if NAME in module.__dict__:  # an older registration set it eagerly; serve it lazily now
         del module.__dict__[NAME]

@@ -13,14 +13,20 @@ Example:
     >>> grads = tape.gradient(loss, model.trainable_variables)  # doctest: +SKIP
     >>> optimizer.apply_gradients(zip(grads, model.trainable_variables))  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from merlin_models_de import comm
-from merlin_models_de.variables import (is_local, local_variables, mark_optimizer_slots, slot,
-                                        slot_names)
+from merlin_models_de.variables import (
+    is_local,
+    local_variables,
+    mark_optimizer_slots,
+    slot,
+    slot_names,
+)
 
 
-def DistributedGradientTape(tape, model, **kwargs):  # pylint: disable=invalid-name
+def DistributedGradientTape(tape, model, **kwargs):  # noqa: N802 (Horovod's name)
     """Wraps ``tape`` so ``gradient()`` allreduces global variables and rescales local ones.
 
     Args:
@@ -41,5 +47,12 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     comm.broadcast_variables([v for v in variables if not is_local(v)], root_rank=root_rank)
 
 
-__all__ = ["DistributedGradientTape", "broadcast_variables", "is_local", "local_variables",
-           "mark_optimizer_slots", "slot", "slot_names"]
+__all__ = [
+    "DistributedGradientTape",
+    "broadcast_variables",
+    "is_local",
+    "local_variables",
+    "mark_optimizer_slots",
+    "slot",
+    "slot_names",
+]

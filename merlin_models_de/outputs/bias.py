@@ -11,6 +11,7 @@ Example:
     >>> bias = item_bias_block(block["item_id"], "zeros")  # doctest: +SKIP
     >>> rows, offset = bias_rows(bias)  # [R_local] of this rank, first row id  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -29,12 +30,20 @@ def item_bias_block(table, initializer="zeros"):
     agrees on it. Runs on the built-in backend: it is only ever read as local rows.
     """
     name = bias_table_name(table.name)
-    column = ColumnSchema(name, dtype="int64", tags=[Tags.CATEGORICAL],
-                          properties={"domain": {"min": 0, "max": table.input_dim - 1,
-                                                 "name": name}})
+    column = ColumnSchema(
+        name,
+        dtype="int64",
+        tags=[Tags.CATEGORICAL],
+        properties={"domain": {"min": 0, "max": table.input_dim - 1, "name": name}},
+    )
     block_cls = type(table.block)  # the item table's own block class (no import cycle)
-    block = block_cls(Schema([column]), dim=1, embeddings_initializer=initializer,
-                      backend="horovod", block_name=name)
+    block = block_cls(
+        Schema([column]),
+        dim=1,
+        embeddings_initializer=initializer,
+        backend="horovod",
+        block_name=name,
+    )
     block.place_like(table.block.plan, table.name)
     return block
 

@@ -18,6 +18,7 @@ Example:
     >>> output = mm.ContrastiveOutput(to_call=block["item_id"],
     ...                               negative_samplers=GlobalInBatchSampler())  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -46,14 +47,16 @@ class GatheredCandidates(Candidate):
 class GlobalInBatchSampler(InBatchSamplerV2):
     """The positives of every rank's batch, in rank order, as negatives (collective)."""
 
-    def call(self, items: Candidate, features=None, targets=None, training=False,
-             testing=False) -> Candidate:
+    def call(
+        self, items: Candidate, features=None, targets=None, training=False, testing=False
+    ) -> Candidate:
         del features, targets, training, testing
         ids = comm.allgather(items.id, name=f"mmde_{self.name}_ids")
         metadata = {}
         if items.has_embedding:  # ordered after the ids on every rank (see comm.after)
             metadata["__embedding__"] = comm.allgather(
-                comm.after(items.embedding, ids), name=f"mmde_{self.name}_embeddings")
+                comm.after(items.embedding, ids), name=f"mmde_{self.name}_embeddings"
+            )
         self.add(GatheredCandidates(id=ids, metadata=metadata))
         return self.sample()
 

@@ -46,6 +46,7 @@ Example:
     ...                  mm.CategoricalOutput(to_call=block["item_id"], target="next_item"))
     ... # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import merlin.models.tf as mm
@@ -56,8 +57,12 @@ from merlin.schema import Schema
 from merlin_models_de import comm
 from merlin_models_de.block.handles import TableHandle, table_named
 from merlin_models_de.outputs.bias import bias_rows, bias_table_name, item_bias_block
-from merlin_models_de.outputs.vocab_parallel import (DEFAULT_CHUNK_ROWS, sharded_logits,
-                                             sharded_softmax_cross_entropy, sharded_top_k)
+from merlin_models_de.outputs.vocab_parallel import (
+    DEFAULT_CHUNK_ROWS,
+    sharded_logits,
+    sharded_softmax_cross_entropy,
+    sharded_top_k,
+)
 
 
 def no_metrics():
@@ -77,9 +82,13 @@ def top_k_metric_values(ranks, k: int) -> dict:
     hit = tf.cast(ranks < k, tf.float32)
     position = tf.cast(ranks, tf.float32) + 1.0
     reciprocal = hit / position
-    return {f"recall_at_{k}": hit, f"mrr_at_{k}": reciprocal,
-            f"ndcg_at_{k}": hit * tf.math.log(2.0) / tf.math.log(position + 1.0),
-            f"map_at_{k}": reciprocal, f"precision_at_{k}": hit / float(k)}
+    return {
+        f"recall_at_{k}": hit,
+        f"mrr_at_{k}": reciprocal,
+        f"ndcg_at_{k}": hit * tf.math.log(2.0) / tf.math.log(position + 1.0),
+        f"map_at_{k}": reciprocal,
+        f"precision_at_{k}": hit / float(k),
+    }
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
@@ -104,12 +113,14 @@ class _ShardedRows:
 
     def message(self) -> str:
         block = self.table.block
-        return (f"Table '{self.table.name}' is sharded across {block.world_size} ranks "
-                f"({block.plan.kind_of(self.table.name).value}); its full matrix is on no rank. "
-                "Use embedding_lookup(ids) for rows, or block.get_global_weights() "
-                "(collective: every rank calls it) for a NumPy copy.")
+        return (
+            f"Table '{self.table.name}' is sharded across {block.world_size} ranks "
+            f"({block.plan.kind_of(self.table.name).value}); its full matrix is on no rank. "
+            "Use embedding_lookup(ids) for rows, or block.get_global_weights() "
+            "(collective: every rank calls it) for a NumPy copy."
+        )
 
-    def __getattr__(self, attribute):  # .numpy(), .value(), ...: say why there is none
+    def __getattr__(self, attribute):  # noqa: N807 (a module's __getattr__)
         if attribute.startswith("__"):
             raise AttributeError(attribute)
         raise AttributeError(f"{attribute}: {self.message()}")
@@ -183,10 +194,18 @@ class TiedTablePrediction(tf.keras.layers.Layer):
     Owns no variables: the table belongs to its block, the bias to a block of its own.
     """
 
-    def __init__(self, table, target: str | None = None, vocab_parallel=None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_bias: bool = False,
-                 bias_initializer="zeros", logits_temperature: float = 1.0,
-                 top_k=(10,), **kwargs):
+    def __init__(
+        self,
+        table,
+        target: str | None = None,
+        vocab_parallel=None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        use_bias: bool = False,
+        bias_initializer="zeros",
+        logits_temperature: float = 1.0,
+        top_k=(10,),
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if isinstance(table, str):
             table = table_named(table)
@@ -240,9 +259,14 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         if self.table.sharded:
             self.table.check_whole_rows()
             rows, offset = self.table.local_rows()
-            return sharded_logits(inputs, rows, offset, self.num_classes,
-                                  bias_rows=self._bias_rows(),
-                                  name=f"mmde_tied_{self.table.name}_logits")
+            return sharded_logits(
+                inputs,
+                rows,
+                offset,
+                self.num_classes,
+                bias_rows=self._bias_rows(),
+                name=f"mmde_tied_{self.table.name}_logits",
+            )
         logits = tf.matmul(inputs, self.embeddings, transpose_b=True)
         return tf.nn.bias_add(logits, self._bias_rows()) if self.use_bias else logits
 
@@ -252,19 +276,30 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         name = self.table.name
         if isinstance(targets, dict):
             if self.target not in targets:
-                raise ValueError(f"The tied output over table '{name}' needs the target "
-                                 f"'{self.target}'. Received targets: {sorted(targets)}")
+                raise ValueError(
+                    f"The tied output over table '{name}' needs the target "
+                    f"'{self.target}'. Received targets: {sorted(targets)}"
+                )
             targets = targets[self.target]
         if targets is None:
-            raise ValueError(f"The tied output over table '{name}' needs targets (item ids) "
-                             "in fit / evaluate. Received: targets=None")
+            raise ValueError(
+                f"The tied output over table '{name}' needs targets (item ids) "
+                "in fit / evaluate. Received: targets=None"
+            )
         hidden, targets = _target_positions(inputs, targets)
         if self.logits_temperature != 1.0:
             hidden = hidden / self.logits_temperature
         rows, offset = self.table.local_rows()
         losses = sharded_softmax_cross_entropy(
-            hidden, targets, rows, offset, self.num_classes, bias_rows=self._bias_rows(),
-            chunk_rows=self.chunk_rows, name=f"mmde_tied_{name}")
+            hidden,
+            targets,
+            rows,
+            offset,
+            self.num_classes,
+            bias_rows=self._bias_rows(),
+            chunk_rows=self.chunk_rows,
+            name=f"mmde_tied_{name}",
+        )
         if training:
             losses = _global_mean_share(losses, f"mmde_tied_{name}_count")
         elif self.top_k:
@@ -275,12 +310,22 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         """Merlin's default top-k metrics (at each cutoff of ``top_k``) of this batch, from
         the target's rank in a vocab-parallel top-k (every rank scores its rows)."""
         k = min(max(self.top_k), self.num_classes)
-        _, ids = sharded_top_k(hidden, k, rows, offset, bias_rows=self._bias_rows(),
-                               chunk_rows=self.chunk_rows,
-                               num_rows=self.num_classes, name=f"mmde_tied_{self.table.name}_k")
+        _, ids = sharded_top_k(
+            hidden,
+            k,
+            rows,
+            offset,
+            bias_rows=self._bias_rows(),
+            chunk_rows=self.chunk_rows,
+            num_rows=self.num_classes,
+            name=f"mmde_tied_{self.table.name}_k",
+        )
         hits = tf.equal(ids, tf.cast(tf.reshape(targets, [-1, 1]), tf.int64))
-        ranks = tf.where(tf.reduce_any(hits, axis=1),
-                         tf.argmax(tf.cast(hits, tf.int32), axis=1, output_type=tf.int32), k)
+        ranks = tf.where(
+            tf.reduce_any(hits, axis=1),
+            tf.argmax(tf.cast(hits, tf.int32), axis=1, output_type=tf.int32),
+            k,
+        )
         for cutoff in self.top_k:
             for metric, values in top_k_metric_values(ranks, cutoff).items():
                 self.add_metric(values, name=metric)
@@ -289,29 +334,51 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         return tf.TensorShape([input_shape[0], self.num_classes])
 
     def get_config(self):
-        return dict(super().get_config(), table=self.table.name, target=self.target,
-                    vocab_parallel=self.requested_vocab_parallel, chunk_rows=self.chunk_rows,
-                    use_bias=self.use_bias,
-                    bias_initializer=tf.keras.initializers.serialize(
-                        tf.keras.initializers.get(self.bias_initializer)),
-                    logits_temperature=self.logits_temperature, top_k=list(self.top_k))
+        return dict(
+            super().get_config(),
+            table=self.table.name,
+            target=self.target,
+            vocab_parallel=self.requested_vocab_parallel,
+            chunk_rows=self.chunk_rows,
+            use_bias=self.use_bias,
+            bias_initializer=tf.keras.initializers.serialize(
+                tf.keras.initializers.get(self.bias_initializer)
+            ),
+            logits_temperature=self.logits_temperature,
+            top_k=list(self.top_k),
+        )
 
 
-def tie_to_handle(output_cls, to_call, kwargs: dict, vocab_parallel=None,
-                  chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,), use_bias=False,
-                  bias_initializer="zeros"):
+def tie_to_handle(
+    output_cls,
+    to_call,
+    kwargs: dict,
+    vocab_parallel=None,
+    chunk_rows=DEFAULT_CHUNK_ROWS,
+    top_k=(10,),
+    use_bias=False,
+    bias_initializer="zeros",
+):
     """Arguments of Merlin's ``output_cls(to_call=handle, **kwargs)`` for a table handle:
     ``(TiedTablePrediction, kwargs)`` with the target (default: the table's first feature,
     as Merlin's), the contrastive output's schema, and the sharded table's defaults."""
     kwargs = dict(kwargs)
-    target = kwargs.pop("target", None) or kwargs.pop("target_name", None) or \
-        to_call.col_schema.name
+    target = (
+        kwargs.pop("target", None) or kwargs.pop("target_name", None) or to_call.col_schema.name
+    )
     kwargs["target_name"] = target
     if issubclass(output_cls, mm.ContrastiveOutput):
         kwargs.setdefault("schema", Schema([to_call.col_schema]))
         return TiedTablePrediction(to_call, target, vocab_parallel=False), kwargs
-    tied = TiedTablePrediction(to_call, target, vocab_parallel, chunk_rows, top_k=top_k,
-                               use_bias=use_bias, bias_initializer=bias_initializer)
+    tied = TiedTablePrediction(
+        to_call,
+        target,
+        vocab_parallel,
+        chunk_rows,
+        top_k=top_k,
+        use_bias=use_bias,
+        bias_initializer=bias_initializer,
+    )
     if tied.vocab_parallel:
         tied.logits_temperature = kwargs.pop("logits_temperature", 1.0)
         kwargs.setdefault("default_loss", TiedSoftmaxLoss())
@@ -337,17 +404,34 @@ class TiedCategoricalOutput(mm.CategoricalOutput):
             the default is the first feature reading the table).
     """
 
-    def __init__(self, to_call, vocab_parallel=None, chunk_rows=DEFAULT_CHUNK_ROWS, top_k=(10,),
-                 use_bias=False, bias_initializer="zeros", **kwargs):
+    def __init__(
+        self,
+        to_call,
+        vocab_parallel=None,
+        chunk_rows=DEFAULT_CHUNK_ROWS,
+        top_k=(10,),
+        use_bias=False,
+        bias_initializer="zeros",
+        **kwargs,
+    ):
         if isinstance(to_call, TableHandle):
-            to_call, kwargs = tie_to_handle(mm.CategoricalOutput, to_call, kwargs,
-                                            vocab_parallel, chunk_rows, top_k, use_bias,
-                                            bias_initializer)
+            to_call, kwargs = tie_to_handle(
+                mm.CategoricalOutput,
+                to_call,
+                kwargs,
+                vocab_parallel,
+                chunk_rows,
+                top_k,
+                use_bias,
+                bias_initializer,
+            )
         elif use_bias:
-            raise ValueError("use_bias=True needs to_call=block[<table>] of a "
-                             "DistributedEmbeddings block (Merlin's own tables take "
-                             "EmbeddingTablePrediction(table, use_bias=True)). Received: "
-                             f"to_call={type(to_call).__name__}")
+            raise ValueError(
+                "use_bias=True needs to_call=block[<table>] of a "
+                "DistributedEmbeddings block (Merlin's own tables take "
+                "EmbeddingTablePrediction(table, use_bias=True)). Received: "
+                f"to_call={type(to_call).__name__}"
+            )
         super().__init__(to_call=to_call, **kwargs)
 
 

@@ -21,6 +21,7 @@ Example:
     >>> topk = top_k_model(model, k=10)  # doctest: +SKIP
     >>> scores, ids = topk.predict(loader)  # each rank: its own queries  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import merlin.models.tf as mm
@@ -47,13 +48,21 @@ class ShardedTopK(TopKLayer):
         chunk_rows: table rows scored at a time.
     """
 
-    def __init__(self, table, k: int = 10, bias_table: str | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, **kwargs):
+    def __init__(
+        self,
+        table,
+        k: int = 10,
+        bias_table: str | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        **kwargs,
+    ):
         super().__init__(k=k, **kwargs)
         table = table_named(table) if isinstance(table, str) else table
         if not isinstance(table, TableHandle):
-            raise TypeError("ShardedTopK takes a table of a DistributedEmbeddings block "
-                            f"(block['item_id']). Received: {type(table).__name__}")
+            raise TypeError(
+                "ShardedTopK takes a table of a DistributedEmbeddings block "
+                f"(block['item_id']). Received: {type(table).__name__}"
+            )
         table.check_whole_rows()
         if int(k) < 1:
             raise ValueError(f"ShardedTopK needs k >= 1. Received: k={k!r}")
@@ -69,10 +78,13 @@ class ShardedTopK(TopKLayer):
         """The top-k layer of a tied output (a ``TiedTablePrediction`` or a Merlin output
         whose ``to_call`` is one): its table and bias."""
         tied = getattr(output, "to_call", output)
-        if not hasattr(tied, "bias_block") or not isinstance(getattr(tied, "table", None),
-                                                              TableHandle):
-            raise TypeError("from_output takes an output tied to a DistributedEmbeddings "
-                            f"table. Received: {type(output).__name__}")
+        if not hasattr(tied, "bias_block") or not isinstance(
+            getattr(tied, "table", None), TableHandle
+        ):
+            raise TypeError(
+                "from_output takes an output tied to a DistributedEmbeddings "
+                f"table. Received: {type(output).__name__}"
+            )
         block = tied.bias_block  # its own bias, bound by object
         bias = block[block.tables[0].name] if block is not None else None
         return cls(tied.table, k=k, bias_table=bias, chunk_rows=tied.chunk_rows, **kwargs)
@@ -80,7 +92,8 @@ class ShardedTopK(TopKLayer):
     def index(self, candidates, identifiers=None):
         raise NotImplementedError(
             f"ShardedTopK scores table '{self.table.name}' where it lies; it takes no "
-            "candidate index (use Merlin's BruteForce for a candidate tensor).")
+            "candidate index (use Merlin's BruteForce for a candidate tensor)."
+        )
 
     def call(self, inputs, targets=None, testing=False, k=None, **kwargs):
         del kwargs
@@ -89,15 +102,24 @@ class ShardedTopK(TopKLayer):
             inputs = tf.squeeze(inputs.to_tensor(), axis=1)
         rows, offset = self.table.local_rows()
         bias = bias_rows(self.bias.block)[0] if self.bias is not None else None
-        scores, ids = sharded_top_k(inputs, k, rows, offset, bias_rows=bias,
-                                    chunk_rows=self.chunk_rows, num_rows=self.table.input_dim,
-                                    name=f"mmde_top_k_{self.table.name}")
+        scores, ids = sharded_top_k(
+            inputs,
+            k,
+            rows,
+            offset,
+            bias_rows=bias,
+            chunk_rows=self.chunk_rows,
+            num_rows=self.table.input_dim,
+            name=f"mmde_top_k_{self.table.name}",
+        )
         ids = tf.cast(ids, tf.int32)  # Merlin's top-k ids are int32
         if not testing:
             return TopKPrediction(scores, ids)
         if targets is None:
-            raise ValueError(f"ShardedTopK over table '{self.table.name}' needs targets in "
-                             "evaluate. Received: targets=None")
+            raise ValueError(
+                f"ShardedTopK over table '{self.table.name}' needs targets in "
+                "evaluate. Received: targets=None"
+            )
         if isinstance(targets, tf.RaggedTensor):
             targets = targets.to_tensor()
         targets = tf.reshape(tf.cast(targets, tf.int32), [-1, 1])
@@ -107,8 +129,12 @@ class ShardedTopK(TopKLayer):
         return tf.TensorShape([input_shape[0], self._k]), tf.TensorShape([input_shape[0], self._k])
 
     def get_config(self):
-        return dict(super().get_config(), table=self.table.name, bias_table=self.bias_table,
-                    chunk_rows=self.chunk_rows)
+        return dict(
+            super().get_config(),
+            table=self.table.name,
+            bias_table=self.bias_table,
+            chunk_rows=self.chunk_rows,
+        )
 
 
 def sharded_top_k_layer(output, k: int = 10):
@@ -151,8 +177,10 @@ def top_k_model(model, k: int = 10) -> "mm.Model":
     a ``TopKOutput`` over :class:`ShardedTopK` of that output's table and bias."""
     *body, output = model.blocks
     layer = ShardedTopK.from_output(output, k=k)
-    return mm.Model(_TrainedBlocks(body, name="trained_blocks"),
-                    mm.TopKOutput(to_call=layer, k=k, target=output.target))
+    return mm.Model(
+        _TrainedBlocks(body, name="trained_blocks"),
+        mm.TopKOutput(to_call=layer, k=k, target=output.target),
+    )
 
 
 __all__ = ["ShardedTopK", "sharded_top_k_layer", "top_k_model"]

@@ -61,6 +61,7 @@ Example:
     >>> loss = sharded_softmax_cross_entropy(hidden, targets, table, row_offset=0,
     ...                                      num_rows=1000)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import numbers
@@ -68,6 +69,7 @@ import numbers
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends.horovod.exchange import back_to_askers, to_every_rank
 from merlin_models_de.runtime import agree
 
 DEFAULT_CHUNK_ROWS = 4096
@@ -83,16 +85,22 @@ _BATCH, _TARGETS, _OFFSET, _ROWS, _COLS, _BIAS, _WIDTH = range(7)
 def _static_checks(where, hidden, table, bias, chunk_rows):
     """Checks that depend only on dtypes and ranks (the same on every rank)."""
     if not hidden.dtype.is_floating or hidden.shape.rank != 2 or hidden.shape[-1] is None:
-        raise ValueError(f"{where}: hidden must be a float [batch, dim] tensor with a known dim. "
-                         f"Received: dtype={hidden.dtype.name}, shape={hidden.shape}")
+        raise ValueError(
+            f"{where}: hidden must be a float [batch, dim] tensor with a known dim. "
+            f"Received: dtype={hidden.dtype.name}, shape={hidden.shape}"
+        )
     if table.dtype != hidden.dtype or table.shape.rank != 2:
-        raise ValueError(f"{where}: table_rows must be a [rows, dim] tensor of hidden's dtype "
-                         f"{hidden.dtype.name}. Received: dtype={table.dtype.name}, "
-                         f"shape={table.shape}")
+        raise ValueError(
+            f"{where}: table_rows must be a [rows, dim] tensor of hidden's dtype "
+            f"{hidden.dtype.name}. Received: dtype={table.dtype.name}, "
+            f"shape={table.shape}"
+        )
     if bias is not None and (bias.dtype != hidden.dtype or bias.shape.rank != 1):
-        raise ValueError(f"{where}: bias_rows must be a [rows] tensor of hidden's dtype "
-                         f"{hidden.dtype.name}. Received: dtype={bias.dtype.name}, "
-                         f"shape={bias.shape}")
+        raise ValueError(
+            f"{where}: bias_rows must be a [rows] tensor of hidden's dtype "
+            f"{hidden.dtype.name}. Received: dtype={bias.dtype.name}, "
+            f"shape={bias.shape}"
+        )
     if not isinstance(chunk_rows, numbers.Integral) or chunk_rows < 1:
         raise ValueError(f"{where}: chunk_rows must be a positive int. Received: {chunk_rows!r}")
 
@@ -100,13 +108,16 @@ def _static_checks(where, hidden, table, bias, chunk_rows):
 def _targets_of(where, targets):
     targets = tf.convert_to_tensor(targets)
     if not targets.dtype.is_integer:
-        raise ValueError(f"{where}: targets must be integer item ids. "
-                         f"Received: dtype={targets.dtype.name}")
+        raise ValueError(
+            f"{where}: targets must be integer item ids. " f"Received: dtype={targets.dtype.name}"
+        )
     if targets.shape.rank == 2 and targets.shape[-1] == 1:  # Merlin feeds [batch, 1]
         targets = tf.squeeze(targets, -1)
     if targets.shape.rank != 1:
-        raise ValueError(f"{where}: targets must have shape [batch] or [batch, 1]. "
-                         f"Received: shape={targets.shape}")
+        raise ValueError(
+            f"{where}: targets must have shape [batch] or [batch, 1]. "
+            f"Received: shape={targets.shape}"
+        )
     return tf.cast(targets, tf.int64)
 
 
@@ -118,43 +129,86 @@ def _exchange_header(where, name, hidden, n_targets, table, bias, row_offset, nu
     the sum of the ranks' rows.
     """
     rows = tf.shape(table, out_type=tf.int64)
-    fields = [tf.shape(hidden, out_type=tf.int64)[0], n_targets, row_offset, rows[0], rows[1],
-              tf.size(bias, out_type=tf.int64) if bias is not None else -1, hidden.shape[-1]]
+    fields = [
+        tf.shape(hidden, out_type=tf.int64)[0],
+        n_targets,
+        row_offset,
+        rows[0],
+        rows[1],
+        tf.size(bias, out_type=tf.int64) if bias is not None else -1,
+        hidden.shape[-1],
+    ]
     # after the hidden states exist: this step's earlier collectives (the block's) come first
     header = agree.gather_header(fields, f"{name}_header", comm.size(), after=hidden)
-    catalog = (tf.reduce_sum(header[:, _ROWS]) if num_rows is None
-               else tf.constant(num_rows, tf.int64))
+    catalog = (
+        tf.reduce_sum(header[:, _ROWS]) if num_rows is None else tf.constant(num_rows, tf.int64)
+    )
     first = agree.first_rank  # the first rank where a check fails
 
     checks = []
     bad = header[:, _BATCH] != header[:, _TARGETS]
-    checks.append(tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
-        f"{where}: hidden and targets must have the same number of rows on every rank; "
-        "rank, hidden rows, targets rows:", first(bad), tf.boolean_mask(header[:, 0], bad)[:1],
-        tf.boolean_mask(header[:, 1], bad)[:1]]))
+    checks.append(
+        tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [
+                f"{where}: hidden and targets must have the same number of rows on every rank; "
+                "rank, hidden rows, targets rows:",
+                first(bad),
+                tf.boolean_mask(header[:, 0], bad)[:1],
+                tf.boolean_mask(header[:, 1], bad)[:1],
+            ],
+        )
+    )
     bad = header[:, _COLS] != header[:, _WIDTH]
-    checks.append(tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
-        f"{where}: every rank's table_rows must be as wide as the hidden states (column-sliced "
-        "tables are not supported; slice the item table by rows); rank, table columns, "
-        "hidden width:", first(bad), tf.boolean_mask(header[:, _COLS], bad)[:1],
-        tf.boolean_mask(header[:, _WIDTH], bad)[:1]]))
+    checks.append(
+        tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [
+                f"{where}: every rank's table_rows must be as wide as the hidden states (column-sliced "
+                "tables are not supported; slice the item table by rows); rank, table columns, "
+                "hidden width:",
+                first(bad),
+                tf.boolean_mask(header[:, _COLS], bad)[:1],
+                tf.boolean_mask(header[:, _WIDTH], bad)[:1],
+            ],
+        )
+    )
     has_bias = header[:, _BIAS] >= 0
     bad = (has_bias & (header[:, _BIAS] != header[:, _ROWS])) | (has_bias != has_bias[0])
-    checks.append(tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
-        f"{where}: bias_rows must be given on every rank or on none, with one value per row "
-        "of table_rows; rank, bias length (-1: none), table rows:", first(bad),
-        tf.boolean_mask(header[:, _BIAS], bad)[:1], tf.boolean_mask(header[:, _ROWS], bad)[:1]]))
+    checks.append(
+        tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [
+                f"{where}: bias_rows must be given on every rank or on none, with one value per row "
+                "of table_rows; rank, bias length (-1: none), table rows:",
+                first(bad),
+                tf.boolean_mask(header[:, _BIAS], bad)[:1],
+                tf.boolean_mask(header[:, _ROWS], bad)[:1],
+            ],
+        )
+    )
     # the non-empty ranges, sorted by offset, must follow each other from 0 to the catalog size
     count = header[:, _ROWS]
     order = tf.argsort(tf.where(count > 0, header[:, _OFFSET], tf.int64.max), stable=True)
     starts, counts = tf.gather(header[:, _OFFSET], order), tf.gather(count, order)
     expected = tf.cumsum(counts, exclusive=True)
-    tiles = (tf.reduce_all((counts == 0) | (starts == expected))
-             & (tf.reduce_sum(count) == catalog) & tf.reduce_all(count >= 0))
-    checks.append(tf.debugging.Assert(tiles, [
-        f"{where}: the ranks' row ranges must tile the catalog [0, num_rows) exactly; "
-        "num_rows, then (row_offset, rows) of each rank:", catalog,
-        tf.reshape(header[:, _OFFSET:_ROWS + 1], [-1])], summarize=64))
+    tiles = (
+        tf.reduce_all((counts == 0) | (starts == expected))
+        & (tf.reduce_sum(count) == catalog)
+        & tf.reduce_all(count >= 0)
+    )
+    checks.append(
+        tf.debugging.Assert(
+            tiles,
+            [
+                f"{where}: the ranks' row ranges must tile the catalog [0, num_rows) exactly; "
+                "num_rows, then (row_offset, rows) of each rank:",
+                catalog,
+                tf.reshape(header[:, _OFFSET : _ROWS + 1], [-1]),
+            ],
+            summarize=64,
+        )
+    )
     return header, catalog, checks
 
 
@@ -162,12 +216,21 @@ def _check_targets(where, targets, header, catalog):
     """All ranks see the same global targets, so all raise the same message."""
     bad = (targets < 0) | (targets >= catalog)
     pos = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
-    owner = tf.searchsorted(tf.cumsum(header[:, _BATCH]), pos[None], side="right",
-                            out_type=tf.int64)[0]
-    example = pos - tf.reduce_sum(header[:, _BATCH][:tf.cast(owner, tf.int32)])
-    return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
-        f"{where}: target ids must lie in the catalog [0, num_rows); num_rows, bad id, rank, "
-        "example:", catalog, tf.gather(targets, pos), owner, example])
+    owner = tf.searchsorted(
+        tf.cumsum(header[:, _BATCH]), pos[None], side="right", out_type=tf.int64
+    )[0]
+    example = pos - tf.reduce_sum(header[:, _BATCH][: tf.cast(owner, tf.int32)])
+    return tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        [
+            f"{where}: target ids must lie in the catalog [0, num_rows); num_rows, bad id, rank, "
+            "example:",
+            catalog,
+            tf.gather(targets, pos),
+            owner,
+            example,
+        ],
+    )
 
 
 # ---- chunked scans over the local rows ---------------------------------------------------------
@@ -193,7 +256,9 @@ def _loop(n_full, chunk, body, state):
     out = tf.while_loop(
         lambda i, *s: i < n_full,
         lambda i, *s: (i + 1,) + tuple(body(i, i * chunk, chunk, s)),
-        (tf.constant(0),) + tuple(state), parallel_iterations=1)
+        (tf.constant(0),) + tuple(state),
+        parallel_iterations=1,
+    )
     return tuple(out[1:])
 
 
@@ -233,8 +298,11 @@ def _local_stats(hidden, targets, table, bias, row_offset, chunk_rows):
         hit = tf.one_hot(local - tf.cast(lo, tf.int64), size, dtype=dtype)  # 0 off-chunk
         return new_m, s, t + tf.reduce_sum(logits * hit, axis=1)
 
-    init = (tf.fill([batch], tf.constant(-float("inf"), dtype)), tf.zeros([batch], dtype),
-            tf.zeros([batch], dtype))
+    init = (
+        tf.fill([batch], tf.constant(-float("inf"), dtype)),
+        tf.zeros([batch], dtype),
+        tf.zeros([batch], dtype),
+    )
     return _scan(table, chunk_rows, body, init)
 
 
@@ -260,8 +328,10 @@ def _local_grads(hidden, targets, table, bias, row_offset, lse, scale, chunk_row
     n_full, chunk, tail = _chunk_plan(table, chunk_rows)
     parts_rows, parts_bias = [], []
     if _has(n_full):
-        arrays = (tf.TensorArray(dtype, size=n_full, element_shape=[chunk, width]),
-                  tf.TensorArray(dtype, size=n_full, element_shape=[chunk]))
+        arrays = (
+            tf.TensorArray(dtype, size=n_full, element_shape=[chunk, width]),
+            tf.TensorArray(dtype, size=n_full, element_shape=[chunk]),
+        )
         rows_array, bias_array, d_hidden = _loop(n_full, chunk, body, arrays + (d_hidden,))
         parts_rows, parts_bias = [rows_array.concat()], [bias_array.concat()]
     if _has(tail):
@@ -279,29 +349,33 @@ def _gather_inputs(where, name, hidden, targets, table, bias, row_offset, num_ro
     """Header exchange and checks, then the global batch. Returns (H, y, every rank's
     batch size, catalog size, header)."""
     n_targets = tf.shape(hidden)[0] if targets is None else tf.shape(targets)[0]
-    header, catalog, checks = _exchange_header(where, name, hidden, n_targets,
-                                               table, bias, row_offset, num_rows)
+    header, catalog, checks = _exchange_header(
+        where, name, hidden, n_targets, table, bias, row_offset, num_rows
+    )
     with tf.control_dependencies(checks):  # nothing else moves before every rank checked
         # one order on every rank: header, hidden, targets (see ``comm.after``)
-        global_hidden = comm.allgather(comm.after(hidden, header), name=f"{name}_hidden")
+        global_hidden = to_every_rank(comm.after(hidden, header), f"{name}_hidden")
         global_targets = (
-            comm.allgather(comm.after(targets, global_hidden), name=f"{name}_targets")
-            if targets is not None else None)
+            to_every_rank(comm.after(targets, global_hidden), f"{name}_targets")
+            if targets is not None
+            else None
+        )
     return global_hidden, global_targets, tf.cast(header[:, _BATCH], tf.int32), catalog, header
-
-
-def _to_owners(values, sizes, name):
-    """Rows of every global example -> their owner: [N * B_local, ...] in rank order."""
-    received, _ = comm.alltoall(values, sizes, name=name)
-    return received
 
 
 # ---- the loss ----------------------------------------------------------------------------------
 
 
-def sharded_softmax_cross_entropy(hidden, targets, table_rows, row_offset, num_rows,
-                                  bias_rows=None, chunk_rows=DEFAULT_CHUNK_ROWS,
-                                  name="mmde_vocab_ce"):
+def sharded_softmax_cross_entropy(
+    hidden,
+    targets,
+    table_rows,
+    row_offset,
+    num_rows,
+    bias_rows=None,
+    chunk_rows=DEFAULT_CHUNK_ROWS,
+    name="mmde_vocab_ce",
+):
     """Per-example softmax cross-entropy of this rank's examples over a row-sharded catalog.
 
     Equal to ``tf.nn.sparse_softmax_cross_entropy_with_logits(targets_global,
@@ -335,28 +409,37 @@ def sharded_softmax_cross_entropy(hidden, targets, table_rows, row_offset, num_r
     def forward(hidden, table, *maybe_bias):
         bias = maybe_bias[0] if maybe_bias else None
         h, y, sizes, catalog, header = _gather_inputs(
-            where, name, hidden, targets, table, bias, row_offset, num_rows)
+            where, name, hidden, targets, table, bias, row_offset, num_rows
+        )
         with tf.control_dependencies([_check_targets(where, y, header, catalog)]):
             m, s, t = _local_stats(h, y, table, bias, row_offset, chunk_rows)
         # a rank with 0 rows computes m, s, t from shapes only: tie them to the targets
-        stats = tf.reshape(_to_owners(comm.after(tf.stack([m, s, t], axis=1), y), sizes,
-                                      f"{name}_stats"), [comm.size(), -1, 3])
+        stats = tf.reshape(
+            back_to_askers(comm.after(tf.stack([m, s, t], axis=1), y), sizes, f"{name}_stats"),
+            [comm.size(), -1, 3],
+        )
         top = tf.reduce_max(stats[..., 0], axis=0)
         shift = tf.where(tf.math.is_inf(top), tf.zeros_like(top), top)
-        lse = shift + tf.math.log(tf.reduce_sum(stats[..., 1] * tf.exp(stats[..., 0] - shift),
-                                                axis=0))
+        lse = shift + tf.math.log(
+            tf.reduce_sum(stats[..., 1] * tf.exp(stats[..., 0] - shift), axis=0)
+        )
         loss = lse - tf.reduce_sum(stats[..., 2], axis=0)
 
         def backward(upstream):
             # every rank needs every example's upstream gradient and log-sum-exp
-            both = comm.allgather(tf.stack([upstream, lse], axis=1), name=f"{name}_grad_stats")
-            d_table, d_bias, d_h = _local_grads(h, y, table, bias, row_offset, both[:, 1],
-                                                both[:, 0], chunk_rows)
+            both = to_every_rank(tf.stack([upstream, lse], axis=1), f"{name}_grad_stats")
+            d_table, d_bias, d_h = _local_grads(
+                h, y, table, bias, row_offset, both[:, 1], both[:, 0], chunk_rows
+            )
             # reduce-scatter: each owner sums every rank's partial d hidden of its examples
             # (a rank with 0 rows never reads ``both``: without the tie TF prunes its gather)
-            d_hidden = tf.reduce_sum(tf.reshape(
-                _to_owners(comm.after(d_h, both), sizes, f"{name}_grad_hidden"),
-                [comm.size(), -1, h.shape[1]]), axis=0)
+            d_hidden = tf.reduce_sum(
+                tf.reshape(
+                    back_to_askers(comm.after(d_h, both), sizes, f"{name}_grad_hidden"),
+                    [comm.size(), -1, h.shape[1]],
+                ),
+                axis=0,
+            )
             return (d_hidden, d_table) + ((d_bias,) if bias is not None else ())
 
         return loss, backward
@@ -378,8 +461,16 @@ def _merge_top_k(scores, ids, k):
     return values, tf.gather(ids, positions, batch_dims=1)
 
 
-def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
-                  chunk_rows=DEFAULT_CHUNK_ROWS, num_rows=None, name="mmde_vocab_top_k"):
+def sharded_top_k(
+    hidden,
+    k,
+    table_rows,
+    row_offset,
+    bias_rows=None,
+    chunk_rows=DEFAULT_CHUNK_ROWS,
+    num_rows=None,
+    name="mmde_vocab_top_k",
+):
     """Top-k items of each of this rank's hidden states over a row-sharded catalog.
 
     Every rank scores the global batch against its rows in chunks, keeping a running top-k
@@ -406,10 +497,17 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
     _static_checks(where, hidden, table, bias, chunk_rows)
     if not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f"{where}: k must be a positive int. Received: {k!r}")
-    h, _, sizes, catalog, _ = _gather_inputs(where, name, hidden, None, table, bias,
-                                                     row_offset, num_rows)
-    with tf.control_dependencies([tf.debugging.Assert(catalog >= k, [
-            f"{where}: k must be at most the catalog size; k, catalog size:", k, catalog])]):
+    h, _, sizes, catalog, _ = _gather_inputs(
+        where, name, hidden, None, table, bias, row_offset, num_rows
+    )
+    with tf.control_dependencies(
+        [
+            tf.debugging.Assert(
+                catalog >= k,
+                [f"{where}: k must be at most the catalog size; k, catalog size:", k, catalog],
+            )
+        ]
+    ):
         batch = tf.shape(h)[0]
     offset = tf.cast(row_offset, tf.int64)
 
@@ -417,17 +515,20 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
         scores, ids = state
         logits, _ = _chunk_logits(h, table, bias, lo, size)
         values, positions = tf.math.top_k(
-            logits, min(k, size) if isinstance(size, int) else tf.minimum(k, size))
+            logits, min(k, size) if isinstance(size, int) else tf.minimum(k, size)
+        )
         chunk_ids = tf.cast(positions, tf.int64) + offset + tf.cast(lo, tf.int64)
         return _merge_top_k(tf.concat([scores, values], 1), tf.concat([ids, chunk_ids], 1), k)
 
-    init = (tf.fill([batch, k], tf.constant(-float("inf"), h.dtype)),
-            tf.fill([batch, k], tf.constant(_SENTINEL_ID, tf.int64)))
+    init = (
+        tf.fill([batch, k], tf.constant(-float("inf"), h.dtype)),
+        tf.fill([batch, k], tf.constant(_SENTINEL_ID, tf.int64)),
+    )
     scores, ids = _scan(table, chunk_rows, body, init)
     n = comm.size()
 
     def per_owner(x, stage):  # [B_global, k] -> this rank's [B_local, N * k]
-        x = tf.reshape(_to_owners(x, sizes, f"{name}_{stage}"), [n, -1, k])
+        x = tf.reshape(back_to_askers(x, sizes, f"{name}_{stage}"), [n, -1, k])
         return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, n * k])
 
     scores = per_owner(scores, "scores")
@@ -437,8 +538,9 @@ def sharded_top_k(hidden, k, table_rows, row_offset, bias_rows=None,
 # ---- full logits (predict) ---------------------------------------------------------------------
 
 
-def sharded_logits(hidden, table_rows, row_offset, num_rows=None, bias_rows=None,
-                   name="mmde_vocab_logits"):
+def sharded_logits(
+    hidden, table_rows, row_offset, num_rows=None, bias_rows=None, name="mmde_vocab_logits"
+):
     """Full logits ``[B_local, catalog]`` of this rank's hidden states over a row-sharded
     catalog: what ``predict`` returns, equal to ``hidden @ W^T (+ b)`` of one process
     (``bias_rows``: this rank's ``[R_local]`` bias, as in :func:`sharded_softmax_cross_entropy`).
@@ -453,15 +555,16 @@ def sharded_logits(hidden, table_rows, row_offset, num_rows=None, bias_rows=None
     table = tf.stop_gradient(tf.convert_to_tensor(table_rows))
     bias = tf.stop_gradient(tf.convert_to_tensor(bias_rows)) if bias_rows is not None else None
     _static_checks(where, hidden, table, bias, DEFAULT_CHUNK_ROWS)
-    h, _, sizes, catalog, header = _gather_inputs(where, name, hidden, None, table, bias,
-                                                  row_offset, num_rows)
+    h, _, sizes, catalog, header = _gather_inputs(
+        where, name, hidden, None, table, bias, row_offset, num_rows
+    )
     offsets, rows = header[:, _OFFSET], header[:, _ROWS]
     width = tf.reduce_max(rows)
     local = tf.matmul(h, table, transpose_b=True)  # [B_global, R_r]
     if bias is not None:
         local += bias
     local = tf.pad(local, [[0, 0], [0, width - tf.shape(local, out_type=tf.int64)[1]]])
-    received = _to_owners(comm.after(local, h), sizes, f"{name}_scores")  # [N * B_local, R_max]
+    received = back_to_askers(comm.after(local, h), sizes, f"{name}_scores")
     n = tf.shape(header, out_type=tf.int64)[0]
     per_rank = tf.reshape(received, tf.stack([n, -1, width]))  # [N, B_local, R_max]
     flat = tf.reshape(tf.transpose(per_rank, [1, 0, 2]), tf.stack([tf.shape(per_rank)[1], -1]))
@@ -471,5 +574,4 @@ def sharded_logits(hidden, table_rows, row_offset, num_rows=None, bias_rows=None
     return tf.gather(flat, column, axis=1)
 
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "sharded_logits", "sharded_softmax_cross_entropy",
-           "sharded_top_k"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "sharded_logits", "sharded_softmax_cross_entropy", "sharded_top_k"]

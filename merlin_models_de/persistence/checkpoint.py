@@ -1,6 +1,6 @@
 """Sharded checkpoints that restore into any world size or strategy.
 
-Layout of ``directory`` (details in :mod:`merlin_models_de.persistence.files`)::
+Layout of ``directory`` (details in :mod:`merlin_models_de.persistence.layout`)::
 
     latest                                name of the newest complete checkpoint
     ckpt-<step>[-<k>]/manifest.json       step, world size, every block's plan, which file
@@ -11,9 +11,10 @@ Layout of ``directory`` (details in :mod:`merlin_models_de.persistence.files`)::
 Saving: the ranks check the free space first; rank 0 takes the directory's lock
 (:mod:`~merlin_models_de.persistence.lock`: one writing job at a time, a second one is refused
 naming the first). Every rank writes its own shards (and their optimizer slots) into a
-temporary directory; rank 0 then writes the dense weights and the manifest, checks that every
-file the manifest lists is there with its size, renames the directory to a name no
-checkpoint uses yet, and points ``latest`` at it. Only then are older copies of the same step,
+temporary directory, each file and its directory entries flushed to disk; rank 0 then writes
+the dense weights and the manifest (flushed too), checks that every file the manifest lists is
+there with its size, renames the directory to a name no checkpoint uses yet, flushes that
+rename, and points ``latest`` at it. Only then are older copies of the same step,
 checkpoints beyond ``keep`` and the temporaries that earlier writers left before the lock was
 taken removed (never a temporary that appeared since): the checkpoint ``latest`` names is
 always complete.
@@ -29,6 +30,7 @@ Example:
     >>> save_checkpoint(model, "ckpt/", keep=3)  # every rank  # doctest: +SKIP
     >>> restore_checkpoint(model, "ckpt/")  # any world size, any strategy  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -39,19 +41,44 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.runtime import agree
 from merlin_models_de.persistence.disk import check_free_space, npy_bytes
-from merlin_models_de.persistence.files import (DENSE, FORMAT, TMP_PREFIX, CheckpointError,
-                                               check_complete, dense_key, free_name, leftovers,
-                                               next_sequence, part_stem, prune, read_full_tables,
-                                               shard_file, state_key, write_array,
-                                               write_arrays, write_latest, write_manifest)
+from merlin_models_de.persistence.io import (
+    StorageError,
+    fsync_directories,
+    fsync_directory,
+    write_array,
+    write_arrays,
+)
+from merlin_models_de.persistence.layout import (
+    DENSE,
+    TMP_PREFIX,
+    free_name,
+    leftovers,
+    part_stem,
+    shard_file,
+    write_latest,
+)
 from merlin_models_de.persistence.lock import DirectoryLock
+from merlin_models_de.persistence.manifest import (
+    FORMAT,
+    check_complete,
+    dense_key,
+    read_full_tables,
+    state_key,
+    write_manifest,
+)
 from merlin_models_de.persistence.restore import latest_checkpoint, restore_checkpoint
+from merlin_models_de.persistence.retention import next_sequence, prune
 from merlin_models_de.persistence.state import model_state, numpy_dtype
+from merlin_models_de.runtime import agree
 
-__all__ = ["CheckpointCallback", "CheckpointError", "latest_checkpoint", "read_full_tables",
-           "restore_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointCallback",
+    "latest_checkpoint",
+    "read_full_tables",
+    "restore_checkpoint",
+    "save_checkpoint",
+]
 
 
 # ---- every rank agrees ------------------------------------------------------------------------
@@ -59,9 +86,9 @@ __all__ = ["CheckpointCallback", "CheckpointError", "latest_checkpoint", "read_f
 
 def _stage(name: str, work, share=None):
     """One checkpoint stage that every rank agrees on (:func:`runtime.agree.on_every_rank`):
-    a rank that failed re-raises its error, the others raise :class:`CheckpointError` naming
+    a rank that failed re-raises its error, the others raise :class:`StorageError` naming
     it, so nobody waits in a collective that will never come."""
-    return agree.on_every_rank(f"checkpoint {name}", work, share, error_type=CheckpointError)
+    return agree.on_every_rank(f"checkpoint {name}", work, share, error_type=StorageError)
 
 
 # ---- save -------------------------------------------------------------------------------------
@@ -69,12 +96,12 @@ def _stage(name: str, work, share=None):
 
 def _check_keep(keep) -> None:
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ValueError(f"keep must be None (keep every checkpoint) or an int >= 1. "
-                         f"Received: keep={keep!r}")
+        raise ValueError(
+            f"keep must be None (keep every checkpoint) or an int >= 1. " f"Received: keep={keep!r}"
+        )
 
 
-def save_checkpoint(model, directory: str, step: int | None = None,
-                    keep: int | None = None) -> str:
+def save_checkpoint(model, directory: str, step: int | None = None, keep: int | None = None) -> str:
     """Collective: writes this rank's shards, their slots and (rank 0) the rest.
 
     Args:
@@ -91,20 +118,27 @@ def save_checkpoint(model, directory: str, step: int | None = None,
         NotImplementedError: naming the optimizer, when its state cannot be saved in full.
     """
     _check_keep(keep)
-    prepared, shared = _stage("save (prepare)", lambda: _prepare(model, directory, step),
-                              share=lambda p: (p.tmp, p.local_parts, p.local_bytes))
+    prepared, shared = _stage(
+        "save (prepare)",
+        lambda: _prepare(model, directory, step),
+        share=lambda p: (p.tmp, p.local_parts, p.local_bytes),
+    )
     state, step = prepared.state, prepared.step
     tmp = shared[0][0]
     lock = DirectoryLock(directory) if comm.rank() == 0 else None
     total = sum(size for _, _, size in shared)
     try:
-        stale, _ = _stage("save (claim the directory)",
-                          lambda: _claim(lock, directory, total, prepared.local_bytes))
+        stale, _ = _stage(
+            "save (claim the directory)",
+            lambda: _claim(lock, directory, total, prepared.local_bytes),
+        )
         parts = _merge_parts(state.blocks, [local for _, local, _ in shared])
         _stage("save (write shards)", lambda: _write_shards(state, tmp, parts))
-        _, done = _stage("save (commit)",
-                         lambda: _commit(state, directory, tmp, step, parts, keep, stale),
-                         share=lambda final: final)
+        _, done = _stage(
+            "save (commit)",
+            lambda: _commit(state, directory, tmp, step, parts, keep, stale),
+            share=lambda final: final,
+        )
     except Exception:
         if comm.rank() == 0:  # every rank is past its writes (stages agree): the copy can go
             shutil.rmtree(tmp, ignore_errors=True)
@@ -122,8 +156,9 @@ def _claim(lock, directory, total, local_bytes):
     if lock is None:
         check_free_space(directory, local_bytes, "this rank's shards of the new checkpoint")
         return None
-    check_free_space(directory, total, "the new checkpoint (the old ones stay until it is "
-                     "complete)")
+    check_free_space(
+        directory, total, "the new checkpoint (the old ones stay until it is " "complete)"
+    )
     lock.acquire()
     return leftovers(directory)
 
@@ -148,13 +183,18 @@ def _prepare(model, directory, step) -> _Prepared:
         for shard in block.plan.stored_shards_on(block.rank):
             var, _ = block.backend.shard_variable(shard)
             local[(b, shard.table)] = [(n, numpy_dtype(v).name) for n, v in state.parts(var)]
-            size += sum(npy_bytes((shard.rows, shard.cols), numpy_dtype(v).itemsize)
-                        for _, v in state.parts(var))
+            size += sum(
+                npy_bytes((shard.rows, shard.cols), numpy_dtype(v).itemsize)
+                for _, v in state.parts(var)
+            )
     # rank 0 names the temporary directory; it is created by the first write into it
     tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}") if comm.rank() == 0 else None
     if comm.rank() == 0:
-        size += sum(npy_bytes(v.shape, numpy_dtype(v).itemsize) for w in state.dense
-                    for v in [w, *state.slots(w).values()]) + 8192 * (1 + len(state.extra))
+        size += sum(
+            npy_bytes(v.shape, numpy_dtype(v).itemsize)
+            for w in state.dense
+            for v in [w, *state.slots(w).values()]
+        ) + 8192 * (1 + len(state.extra))
     return _Prepared(state, int(step), tmp, local, size)
 
 
@@ -168,19 +208,24 @@ def _merge_parts(blocks, per_rank) -> dict:
                 raise ValueError(
                     f"The shards of table '{key[1]}' in block '{blocks[key[0]].name}' have "
                     f"different optimizer slots on different ranks. Received: "
-                    f"parts={[merged[key], parts]}")
+                    f"parts={[merged[key], parts]}"
+                )
     return merged
 
 
 def _stems(parts, b, table_index, table) -> dict:
     """``{part name: file stem}`` of one table."""
-    return {name: part_stem(b, table_index, k)
-            for k, (name, _) in enumerate(parts.get((b, table), []))}
+    return {
+        name: part_stem(b, table_index, k) for k, (name, _) in enumerate(parts.get((b, table), []))
+    }
 
 
 def _write_shards(state, tmp, parts) -> None:
+    """This rank's shards and their slots, each file and the directory entries naming it
+    flushed to disk (rank 0 moves ``latest`` only after every rank is past this)."""
     if comm.rank() == 0:
         os.makedirs(tmp, exist_ok=True)
+    written = []
     for b, block in enumerate(state.blocks):
         index = {t.name: i for i, t in enumerate(block.plan.tables)}
         for shard in block.plan.stored_shards_on(block.rank):
@@ -188,7 +233,9 @@ def _write_shards(state, tmp, parts) -> None:
             stems = _stems(parts, b, index[shard.table], shard.table)
             for name, source in state.parts(var):
                 path = shard_file(tmp, stems[name], shard.rank)
-                write_array(path, source[first:first + shard.rows].numpy())
+                write_array(path, source[first : first + shard.rows].numpy())
+                written.append(path)
+    fsync_directories(tmp, written)
 
 
 def _commit(state, directory, tmp, step, parts, keep, stale) -> str | None:
@@ -202,20 +249,34 @@ def _commit(state, directory, tmp, step, parts, keep, stale) -> str | None:
         slots = sorted(state.slots(w).items())
         arrays[dense_key(i)] = w.numpy()
         arrays.update({dense_key(i, k): s.numpy() for k, (_, s) in enumerate(slots)})
-        dense.append({"shape": list(w.shape), "dtype": numpy_dtype(w).name,
-                      "slots": [_describe(n, s) for n, s in slots]})
+        dense.append(
+            {
+                "shape": list(w.shape),
+                "dtype": numpy_dtype(w).name,
+                "slots": [_describe(n, s) for n, s in slots],
+            }
+        )
     arrays.update({state_key(j): v.numpy() for j, v in enumerate(state.extra)})
     write_arrays(os.path.join(tmp, DENSE), arrays)
-    write_manifest(tmp, {
-        "format": FORMAT, "id": uuid.uuid4().hex, "step": step,
-        "sequence": next_sequence(directory),
-        "world_size": comm.size(), "optimizer": state.label,
-        "state": [_describe(v.name, v) for v in state.extra],
-        "blocks": [_describe_block(b, block, parts) for b, block in enumerate(state.blocks)],
-        "dense": dense})
+    write_manifest(
+        tmp,
+        {
+            "format": FORMAT,
+            "id": uuid.uuid4().hex,
+            "step": step,
+            "sequence": next_sequence(directory),
+            "world_size": comm.size(),
+            "optimizer": state.label,
+            "state": [_describe(v.name, v) for v in state.extra],
+            "blocks": [_describe_block(b, block, parts) for b, block in enumerate(state.blocks)],
+            "dense": dense,
+        },
+    )
     check_complete(tmp)
+    fsync_directory(tmp)  # dense.npz's entry (the manifest's is flushed with it)
     final = os.path.join(directory, free_name(directory, step))
     os.rename(tmp, final)  # a new name: the checkpoint `latest` names stays untouched
+    fsync_directory(directory)  # the rename on disk before `latest` may name it
     write_latest(directory, os.path.basename(final))
     prune(directory, os.path.basename(final), keep, stale)
     return final
@@ -229,9 +290,15 @@ def _describe_block(b, block, parts) -> dict:
     tables = []
     for t, table in enumerate(block.plan.tables):
         stems = _stems(parts, b, t, table.name)
-        tables.append({"name": table.name, "parts": [
-            {"name": name, "file": stems[name], "dtype": dtype}
-            for name, dtype in parts.get((b, table.name), [])]})
+        tables.append(
+            {
+                "name": table.name,
+                "parts": [
+                    {"name": name, "file": stems[name], "dtype": dtype}
+                    for name, dtype in parts.get((b, table.name), [])
+                ],
+            }
+        )
     return {"name": block.name, "plan": block.plan.to_dict(), "tables": tables}
 
 
@@ -252,13 +319,22 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
         >>> model.fit(loader, callbacks=[callback])  # doctest: +SKIP
     """
 
-    def __init__(self, directory: str, every_n_steps: int | None = None, each_epoch=True,
-                 keep: int | None = None):
+    def __init__(
+        self,
+        directory: str,
+        every_n_steps: int | None = None,
+        each_epoch=True,
+        keep: int | None = None,
+    ):
         super().__init__()
-        if every_n_steps is not None and (isinstance(every_n_steps, bool) or
-                                          not isinstance(every_n_steps, int) or every_n_steps < 1):
-            raise ValueError(f"every_n_steps must be >= 1. "
-                             f"Received: every_n_steps={every_n_steps!r}")
+        if every_n_steps is not None and (
+            isinstance(every_n_steps, bool)
+            or not isinstance(every_n_steps, int)
+            or every_n_steps < 1
+        ):
+            raise ValueError(
+                f"every_n_steps must be >= 1. " f"Received: every_n_steps={every_n_steps!r}"
+            )
         _check_keep(keep)
         self.directory, self.every_n_steps, self.each_epoch = directory, every_n_steps, each_epoch
         self.keep = keep

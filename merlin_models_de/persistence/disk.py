@@ -10,6 +10,7 @@ Example:
     >>> human_bytes(3 * 2**20)
     '3.0 MiB'
 """
+
 from __future__ import annotations
 
 import errno as errno_codes
@@ -27,7 +28,7 @@ def human_bytes(n: int) -> str:
 
 
 def _rank() -> int:
-    from merlin_models_de import comm  # pylint: disable=import-outside-toplevel
+    from merlin_models_de import comm
 
     return comm.rank()
 
@@ -61,11 +62,13 @@ def check_free_space(directory: str, needed: int, what: str) -> None:
     less free space than ``needed`` bytes, naming both; no check where it reports nothing."""
     free = free_bytes(directory)
     if free is not None and needed > free:
-        raise OSError(errno_codes.ENOSPC,
-                      f"Not enough free space in {directory} for {what} (checked on rank "
-                      f"{_rank()}): it needs {human_bytes(needed)} ({needed} bytes), the file "
-                      f"system has {human_bytes(free)} ({free} bytes) free. Free some space "
-                      f"or save elsewhere. Received: needed={needed}, free={free}")
+        raise OSError(
+            errno_codes.ENOSPC,
+            f"Not enough free space in {directory} for {what} (checked on rank "
+            f"{_rank()}): it needs {human_bytes(needed)} ({needed} bytes), the file "
+            f"system has {human_bytes(free)} ({free} bytes) free. Free some space "
+            f"or save elsewhere. Received: needed={needed}, free={free}",
+        )
 
 
 def npy_bytes(shape, itemsize: int) -> int:

@@ -4,15 +4,24 @@ Every rank takes part (the tables are gathered collectively, in chunks); rank 0 
 the model at world size 1, copies the dense weights and the full tables into it, and saves
 it with Merlin's own ``save``. The result loads in a process without Horovod.
 
+The SavedModel is written beside the old one (``.tmp-<id>-<name>`` in the same directory),
+flushed to disk, and only then put in its place in one step (an atomic exchange of the two
+directories; where the file system cannot, two renames, the old one moved to
+``.trash-<id>-<name>`` first); the old one is then deleted. Until then the old SavedModel
+stays whole: a save that fails on any rank, or is killed, never leaves new variables under
+an old graph. A killed save leaves its ``.tmp-*`` directory behind (delete it).
+
 Example:
     >>> model.save("export/")  # under horovodrun; every rank calls it  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from merlin_models_de import comm
-from merlin_models_de.runtime import agree
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin as merlin_compat
+from merlin_models_de.persistence.io import write_whole
+from merlin_models_de.runtime import agree
 from merlin_models_de.variables import dense_weights, embedding_blocks
 
 
@@ -67,8 +76,9 @@ def batch_like(model, batch: dict) -> dict:
             elif isinstance(want, tf.TensorSpec) and want.shape.rank == value.shape.rank - 1:
                 value = tf.squeeze(value, -1) if value.shape[-1] == 1 else None
         elif isinstance(want, tf.RaggedTensorSpec) and f"{name}__values" in batch:
-            value = tf.RaggedTensor.from_row_splits(batch[f"{name}__values"],
-                                                    batch[f"{name}__offsets"])
+            value = tf.RaggedTensor.from_row_splits(
+                batch[f"{name}__values"], batch[f"{name}__offsets"]
+            )
         else:
             value = None
         if value is None:
@@ -129,17 +139,19 @@ def _numpy_dtype(col):
 
     try:
         return np.dtype(col.dtype.to_numpy)
-    except Exception:  # pylint: disable=broad-except  # merlin's "unknown" dtype raises
+    except Exception:  # noqa: BLE001  # merlin's "unknown" dtype raises
         return np.dtype(np.int64 if Tags.CATEGORICAL in col.tags else np.float32)
 
 
 def save_single_process(model, save, export_path, *args, **kwargs):
-    """Collective: rank 0 saves a world-size-1 copy of ``model`` with full tables."""
+    """Collective: rank 0 saves a world-size-1 copy of ``model`` with full tables, replacing
+    what ``export_path`` held in one step (see the module doc)."""
     blocks = embedding_blocks(model)
     tables = [b.get_global_weights() for b in blocks]
     agree.on_rank_zero(
         "exporting the model from rank 0",
-        lambda: _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs))
+        lambda: _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs),
+    )
 
 
 def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
@@ -152,11 +164,13 @@ def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
         clone_blocks = embedding_blocks(clone)
         targets = dense_weights(clone, clone_blocks)
         if [t.shape for t in targets] != [d.shape for d in dense]:
-            raise ValueError("The rebuilt single-process model does not match the trained "
-                             "one; cannot export. Received dense shapes "
-                             f"{[d.shape for d in dense]} vs {[t.shape for t in targets]}")
+            raise ValueError(
+                "The rebuilt single-process model does not match the trained "
+                "one; cannot export. Received dense shapes "
+                f"{[d.shape for d in dense]} vs {[t.shape for t in targets]}"
+            )
         for var, value in zip(targets, dense):
             var.assign(value)
         for block, arrays in zip(clone_blocks, tables):
             block.set_global_weights(arrays)
-        save(clone, export_path, *args, **kwargs)
+        write_whole(export_path, lambda path: save(clone, path, *args, **kwargs))

@@ -26,6 +26,7 @@ every rank alike (every rank reads the same names), naming it.
 Example:
     >>> block.table_checkpoints.children["table_C1"]  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,9 @@ class TableCheckpoints:
     def __init__(self, block):
         self.tables = {t.name: t for t in block.tables}
         self.children = {PREFIX + t.name: _child(block, t) for t in block.tables}
-        self.storage = {id(block.backend.shard_variable(s)[0])
-                        for s in block.plan.shards_on(block.rank)}
+        self.storage = {
+            id(block.backend.shard_variable(s)[0]) for s in block.plan.shards_on(block.rank)
+        }
         for name, child in self.children.items():
             tf_checkpoint.track_dependency(block, name, child)
         # a restore into the unbuilt block waits under the saved names: older layout names too
@@ -61,8 +63,11 @@ class TableCheckpoints:
     def to_save(self, children: dict) -> dict:
         """Keras' dependencies of the block, with the tables' storage replaced by the table
         dependencies (storage is named after the layout; sublayers hold storage too)."""
-        out = {name: child for name, child in children.items()
-               if name not in _STORAGE_LAYERS and id(child) not in self.storage}
+        out = {
+            name: child
+            for name, child in children.items()
+            if name not in _STORAGE_LAYERS and id(child) not in self.storage
+        }
         out.update(self.children)
         return out
 
@@ -88,7 +93,8 @@ def layout_table(name: str, tables) -> str | None:
             f"The saved model holds a column slice of table '{column.group(1)}' (saved on "
             f"several ranks in an older layout form), which cannot be loaded into another "
             f"layout; save it with model.save() under horovodrun (whole tables) or with "
-            f"merlin_models_de.persistence.checkpoint. Received: name={name!r}")
+            f"merlin_models_de.persistence.checkpoint. Received: name={name!r}"
+        )
     return None
 
 
@@ -96,8 +102,10 @@ def _child(block, table):
     """The variable itself, or a stand-in for this rank's part (see the module docstring)."""
     mine = [s for s in block.plan.shards_on(block.rank) if s.table == table.name]
     if len(mine) > 1:  # the planner merges a rank's slices of one table
-        raise ValueError(f"Rank {block.rank} holds {len(mine)} rectangles of table "
-                         f"'{table.name}'; expected one. Received: shards={mine}")
+        raise ValueError(
+            f"Rank {block.rank} holds {len(mine)} rectangles of table "
+            f"'{table.name}'; expected one. Received: shards={mine}"
+        )
     full = (table.rows, table.dim)
     dtype = block.backend.dtype
     if not mine:
@@ -106,5 +114,6 @@ def _child(block, table):
     variable, first = block.backend.shard_variable(shard)
     if first == 0 and tuple(variable.shape) == full:
         return variable
-    return tf_checkpoint.table_slice(variable, first, full, (shard.row_start, shard.col_start),
-                              (shard.rows, shard.cols), dtype)
+    return tf_checkpoint.table_slice(
+        variable, first, full, (shard.row_start, shard.col_start), (shard.rows, shard.cols), dtype
+    )

@@ -14,6 +14,7 @@ A failure in steps 1-3 on any rank -- a bad file, an I/O error on the fifth shar
 on every rank and leaves every rank's model as it was. The price: while restoring, a rank
 holds its own shards a second time.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,26 +23,65 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from merlin_models_de import comm
-from merlin_models_de.runtime import agree
-from merlin_models_de.persistence.files import (DENSE, CheckpointError, check_array, dense_key,
-                                                inside, load_array, read_arrays, read_latest,
-                                                read_manifest, shard_file, state_key)
+from merlin_models_de.persistence.io import (
+    StorageError,
+    check_array,
+    inside,
+    load_array,
+    read_arrays,
+)
+from merlin_models_de.persistence.layout import DENSE, LATEST, MANIFEST, read_latest, shard_file
+from merlin_models_de.persistence.manifest import dense_key, read_manifest, state_key
+from merlin_models_de.persistence.retention import complete_checkpoints
 from merlin_models_de.persistence.state import model_state, numpy_dtype
+from merlin_models_de.runtime import agree
 
 CHUNK_BYTES = 64 * 2**20
 
 
 def _stage(name: str, work, share=None):
-    return agree.on_every_rank(f"checkpoint {name}", work, share, error_type=CheckpointError)
+    return agree.on_every_rank(f"checkpoint {name}", work, share, error_type=StorageError)
 
 
 def latest_checkpoint(directory: str) -> str | None:
     """Path of the newest complete checkpoint in ``directory``, or None.
 
     Raises:
-        CheckpointError: when ``latest`` names anything but a checkpoint inside ``directory``.
+        StorageError: when ``latest`` names anything but a checkpoint inside ``directory``,
+            or a checkpoint that is gone (the message names the intact one to restore).
     """
-    return read_latest(directory)
+    for _ in range(2):  # read again once: a save may have moved `latest` on meanwhile
+        path = read_latest(directory)
+        if path is None or os.path.isfile(os.path.join(path, MANIFEST)):
+            return path
+    raise StorageError(_gone(directory, path))
+
+
+def _gone(directory: str, path: str) -> str:
+    """Why the checkpoint ``latest`` names cannot be restored, and what can be."""
+    pointer = os.path.join(directory, LATEST)
+    what = (
+        f"the directory {path} is missing (deleted?)"
+        if not os.path.isdir(path)
+        else f"{path} has no {MANIFEST} (partly deleted?)"
+    )
+    intact = complete_checkpoints(directory)  # oldest save first
+    if intact:
+        newest = intact[-1]
+        how = (
+            f"The newest intact checkpoint is {os.path.join(directory, newest.name)} "
+            f"(step {newest.step}): to restore it, point latest at it "
+            f"(`echo {newest.name} > {pointer}`) and restore again."
+        )
+    else:
+        how = (
+            f"No intact checkpoint is left in {directory}: remove {pointer} to start "
+            f"from scratch."
+        )
+    return (
+        f"The checkpoint pointer {pointer} names {os.path.basename(path)}, but {what}. "
+        f"{how} Received: latest={os.path.basename(path)!r}"
+    )
 
 
 @dataclass
@@ -69,21 +109,28 @@ def restore_checkpoint(model, directory: str) -> dict:
 
     Raises:
         FileNotFoundError: when ``directory`` holds no complete checkpoint.
-        CheckpointError: naming the file, when a file is missing, malformed, unreadable or
+        StorageError: naming the file, when a file is missing, malformed, unreadable or
             does not fit the model (a ``ValueError``); naming the ranks, when they see
             different checkpoints.
     """
-    _, names = _stage("restore (resolve)", lambda: _resolve(directory),
-                      share=lambda path: None if path is None else os.path.basename(path))
+    _, names = _stage(
+        "restore (resolve)",
+        lambda: _resolve(directory),
+        share=lambda path: None if path is None else os.path.basename(path),
+    )
     if names[0] is None:
         raise FileNotFoundError(f"No complete checkpoint in directory. Received: {directory!r}")
-    plan, seen = _stage("restore (check)", lambda: _plan_restore(model, directory, names[0]),
-                        share=lambda p: _identity(p.manifest))
+    plan, seen = _stage(
+        "restore (check)",
+        lambda: _plan_restore(model, directory, names[0]),
+        share=lambda p: _identity(p.manifest),
+    )
     if any(s != seen[0] for s in seen):
-        raise CheckpointError(
+        raise StorageError(
             f"The ranks see different checkpoints under the name {names[0]} in {directory} "
             f"(a concurrent writer, or a file system that serves stale copies): nothing was "
-            f"restored. (id, step, save number, world size) per rank: {seen}")
+            f"restored. (id, step, save number, world size) per rank: {seen}"
+        )
     _stage("restore (read)", lambda: _read(plan))
     _stage("restore (write)", lambda: _apply(plan))
     return plan.manifest.raw
@@ -120,18 +167,21 @@ def _match_blocks(manifest, blocks) -> dict:
     """``{block name: SavedBlock}``; raises naming the first block or table that differs."""
     saved = {b.name: b for b in manifest.blocks}
     if sorted(saved) != sorted(b.name for b in blocks):
-        raise CheckpointError(f"Checkpoint has embedding blocks {sorted(saved)} but the model "
-                              f"has {sorted(b.name for b in blocks)}. Received: "
-                              f"manifest={manifest.path}")
+        raise StorageError(
+            f"Checkpoint has embedding blocks {sorted(saved)} but the model "
+            f"has {sorted(b.name for b in blocks)}. Received: "
+            f"manifest={manifest.path}"
+        )
     for block in blocks:
         want = {t.name: (t.rows, t.dim) for t in saved[block.name].plan.tables}
         have = {t.name: (t.rows, t.dim) for t in block.tables}
         for name in sorted(set(want) | set(have)):
             if want.get(name) != have.get(name):
-                raise CheckpointError(
+                raise StorageError(
                     f"Checkpoint does not match the model in block '{block.name}', table "
                     f"'{name}': checkpoint (rows, dim)={want.get(name)}, model "
-                    f"(rows, dim)={have.get(name)}. Received: manifest={manifest.path}")
+                    f"(rows, dim)={have.get(name)}. Received: manifest={manifest.path}"
+                )
     return saved
 
 
@@ -142,16 +192,18 @@ def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
     parts = {p.name: p for p in saved.parts[shard.table]}
     have = set(parts) if with_optimizer else {"table"}
     if set(targets) != have:
-        raise CheckpointError(
+        raise StorageError(
             f"Checkpoint {path} holds {sorted(have)} for table '{shard.table}', the model "
             f"(optimizer {state.label}) needs {sorted(targets)}. Received: "
-            f"checkpoint optimizer={plan.manifest.optimizer}")
+            f"checkpoint optimizer={plan.manifest.optimizer}"
+        )
     for name, target in targets.items():
         part = parts[name]
         if numpy_dtype(target) != part.dtype:
-            raise CheckpointError(
+            raise StorageError(
                 f"Checkpoint {path} holds table '{shard.table}' ({name}) as {part.dtype}, the "
-                f"model as {numpy_dtype(target)}. Received: dtype={part.dtype}")
+                f"model as {numpy_dtype(target)}. Received: dtype={part.dtype}"
+            )
         for old in saved.plan.stored_shards_of(shard.table):
             if _overlap(shard, old) is not None:
                 file = shard_file(path, part.stem, old.rank)
@@ -162,8 +214,10 @@ def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
 def _plan_dense(plan, path, manifest, state, with_optimizer) -> None:
     """Reads dense.npz (checked against the manifest) and pairs it with the model."""
     if len(manifest.dense) != len(state.dense):
-        raise CheckpointError(f"Checkpoint has {len(manifest.dense)} dense weights, the model "
-                              f"{len(state.dense)}. Received: manifest={manifest.path}")
+        raise StorageError(
+            f"Checkpoint has {len(manifest.dense)} dense weights, the model "
+            f"{len(state.dense)}. Received: manifest={manifest.path}"
+        )
     arrays = read_arrays(os.path.join(path, DENSE), manifest.dense_arrays())
     for i, (w, saved) in enumerate(zip(state.dense, manifest.dense)):
         _pair(plan, f"dense weight {i} ('{w.name}')", w, arrays[dense_key(i)], manifest)
@@ -172,13 +226,19 @@ def _plan_dense(plan, path, manifest, state, with_optimizer) -> None:
         slots = state.slots(w)
         names = [name for name, _, _ in saved.slots]
         if sorted(slots) != sorted(names):
-            raise CheckpointError(
+            raise StorageError(
                 f"Checkpoint {path} holds slots {sorted(names)} for dense weight {i} "
                 f"('{w.name}'), the model's optimizer ({state.label}) has {sorted(slots)}. "
-                f"Received: checkpoint optimizer={manifest.optimizer}")
+                f"Received: checkpoint optimizer={manifest.optimizer}"
+            )
         for k, name in enumerate(names):
-            _pair(plan, f"slot '{name}' of dense weight {i}", slots[name],
-                  arrays[dense_key(i, k)], manifest)
+            _pair(
+                plan,
+                f"slot '{name}' of dense weight {i}",
+                slots[name],
+                arrays[dense_key(i, k)],
+                manifest,
+            )
     if with_optimizer:
         _plan_optimizer_state(plan, manifest, state, arrays)
 
@@ -187,20 +247,22 @@ def _plan_optimizer_state(plan, manifest, state, arrays) -> None:
     saved = [(tuple(shape), np.dtype(dtype)) for _, shape, dtype in manifest.state]
     have = [(tuple(v.shape), numpy_dtype(v)) for v in state.extra]
     if saved != have:
-        raise CheckpointError(
+        raise StorageError(
             f"The optimizer state in {manifest.path} ({manifest.optimizer}: "
             f"{[n for n, _, _ in manifest.state]}) does not fit the model's optimizer "
             f"({state.label}: {[v.name for v in state.extra]}). Received: "
-            f"optimizer={manifest.optimizer}")
+            f"optimizer={manifest.optimizer}"
+        )
     for j, var in enumerate(state.extra):
         plan.assigns.append((var, arrays[state_key(j)]))
 
 
 def _pair(plan, what, var, array, manifest) -> None:
     if tuple(var.shape) != array.shape or numpy_dtype(var) != array.dtype:
-        raise CheckpointError(
+        raise StorageError(
             f"Checkpoint {manifest.path}: {what} is {array.dtype} {array.shape}, the model's "
-            f"{numpy_dtype(var)} {tuple(var.shape)}. Received: shape={array.shape}")
+            f"{numpy_dtype(var)} {tuple(var.shape)}. Received: shape={array.shape}"
+        )
     plan.assigns.append((var, array))
 
 
@@ -222,11 +284,11 @@ def _read(plan) -> None:
         if key not in buffers:
             buffers[key] = (target, first, np.empty((shard.rows, shard.cols), dtype))
         try:
-            _copy(load_array(file, (old.rows, old.cols), dtype), old, shard,
-                  buffers[key][2])
+            _copy(load_array(file, (old.rows, old.cols), dtype), old, shard, buffers[key][2])
         except OSError as exc:
-            raise CheckpointError(f"Cannot read checkpoint file {file} on rank "
-                                  f"{comm.rank()}: {exc}") from exc
+            raise StorageError(
+                f"Cannot read checkpoint file {file} on rank " f"{comm.rank()}: {exc}"
+            ) from exc
     plan.shards = list(buffers.values())
 
 
@@ -236,9 +298,9 @@ def _copy(data, old, shard, out) -> None:
     step = max(1, CHUNK_BYTES // max(1, (c1 - c0) * data.dtype.itemsize))
     for lo in range(r0, r1, step):
         hi = min(r1, lo + step)
-        out[lo - shard.row_start:hi - shard.row_start,
-            c0 - shard.col_start:c1 - shard.col_start] = \
-            data[lo - old.row_start:hi - old.row_start, c0 - old.col_start:c1 - old.col_start]
+        out[
+            lo - shard.row_start : hi - shard.row_start, c0 - shard.col_start : c1 - shard.col_start
+        ] = data[lo - old.row_start : hi - old.row_start, c0 - old.col_start : c1 - old.col_start]
 
 
 def _apply(plan) -> None:
@@ -246,6 +308,6 @@ def _apply(plan) -> None:
         if first == 0 and tuple(target.shape) == array.shape:
             target.assign(array)
         else:
-            target[first:first + len(array)].assign(array)
+            target[first : first + len(array)].assign(array)
     for var, array in plan.assigns:
         var.assign(array)

@@ -10,6 +10,7 @@ Example:
     >>> [name for name, _ in state.parts(var)]  # doctest: +SKIP
     ['table', 'accumulator']
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.variables import (dense_weights, embedding_blocks, optimizer_parts,
-                                        optimizer_variables, slots_of)
+from merlin_models_de.variables import (
+    dense_weights,
+    embedding_blocks,
+    optimizer_parts,
+    optimizer_variables,
+    slots_of,
+)
 
 
 def numpy_dtype(var) -> np.dtype:
@@ -100,7 +106,8 @@ def _claimed_slots(state, variables) -> set:
                 raise ValueError(
                     f"Cannot tell whose optimizer slot '{name}' is: variables '{other.name}' and "
                     f"'{var.name}' both match it by name ({state.label} names slots after "
-                    f"their variable). Received: slot={s.name!r}")
+                    f"their variable). Received: slot={s.name!r}"
+                )
     return set(owner)
 
 
@@ -115,7 +122,8 @@ def _check_shard_slots(state, blocks) -> None:
                     raise NotImplementedError(
                         f"Checkpoints cannot hold the slot '{name}' of {state.label} for the "
                         f"sharded table '{shard.table}': it is not shaped like the table "
-                        f"({s.shape} vs {var.shape}). Received: optimizer={state.label}")
+                        f"({s.shape} vs {var.shape}). Received: optimizer={state.label}"
+                    )
 
 
 def _extra_variables(state, claimed) -> list:
@@ -130,6 +138,7 @@ def _extra_variables(state, claimed) -> list:
                 raise NotImplementedError(
                     f"Checkpoints cannot hold the state of {state.label}: its variable "
                     f"'{var.name}' is neither a slot of one of the model's variables nor a "
-                    f"scalar. Received: optimizer={state.label}")
+                    f"scalar. Received: optimizer={state.label}"
+                )
             out.append(var)
     return out

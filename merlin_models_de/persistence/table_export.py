@@ -11,24 +11,47 @@ Layout of ``directory``::
                      "parts": [{"file", "row_start", "rows", "col_start", "cols"}, ...]}
     part-00000.npy  one rectangle of the table each (file names never come from table names)
 
+An export is written whole beside the old one (``.tmp-<id>-<name>`` in the same parent),
+flushed to disk, and put in its place in one step; the old one is then deleted. No file is
+ever rewritten in place, so a reader sees one export: it reads the manifest and every part
+through one handle of the directory, and the parts it has mapped stay readable after a new
+export replaced them. A reader that opened the old export and finds a part gone raises,
+naming the file. The directory belongs to the export: anything else in it is refused.
+
 Example:
     >>> export_table(block, "item_id", "/data/items")  # every rank calls it  # doctest: +SKIP
     >>> for first_row, vectors in iter_table("/data/items", batch_rows=100_000):
     ...     index.add(vectors)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from merlin_models_de.persistence.io import (
+    StorageError,
+    beside,
+    fsync_directories,
+    fsync_directory,
+    load_array,
+    open_directory,
+    read_json,
+    remove_path,
+    replace_whole,
+    write_array,
+    write_json,
+)
+from merlin_models_de.persistence.manifest import tiles
 from merlin_models_de.runtime import agree
-from merlin_models_de.persistence.files import (StorageError, inside, load_array, read_json,
-                                                tiles, write_array, write_json)
 
 FORMAT = "mmde-table/1"
 MANIFEST = "manifest.json"
+_PART = re.compile(r"part-[0-9]{5,}\.npy")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 def _part_name(index: int) -> str:
@@ -37,42 +60,99 @@ def _part_name(index: int) -> str:
 
 def export_table(block, table: str, directory: str) -> str:
     """Collective: writes ``table`` of ``block`` to ``directory`` (see the module doc).
+    ``table``: a table's name or a feature's (its table), as ``block[...]`` takes them.
 
     Every rank writes its own rectangles of the table; a write that fails on any rank
-    raises on every rank, naming the rank and its error, and no manifest is written (a
-    previous export's manifest is removed first, so a half-written export is never read).
-    Returns ``directory``.
+    raises on every rank, naming the rank and its error, and leaves the previous export (if
+    any) as it was. Returns ``directory``.
     """
-    names = [t.name for t in block.tables]
-    if table not in names:  # the same on every rank: no collective needed to agree
-        raise ValueError(f"Block '{block.name}' has no table {table!r}. Tables: {names}")
-    block._ensure_built()  # pylint: disable=protected-access
+    if table not in block:  # the same on every rank: no collective needed to agree
+        raise ValueError(
+            f"Block '{block.name}' has no table {table!r}. Tables: "
+            f"{[t.name for t in block.tables]}; features: "
+            f"{[f.name for f in block.features]}"
+        )
+    table = block[table].name  # a feature names its table, as in block[...]
+    block.ensure_built()
     shards = block.plan.stored_shards_of(table)
     spec = block.plan.table(table)
     dtype = np.dtype(block.backend.dtype.as_numpy_dtype)
     what = f"exporting table '{table}' to {directory}"
+    rank0 = block.rank == 0
 
-    def write_parts():
-        os.makedirs(directory, exist_ok=True)
-        if block.rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
-            os.remove(os.path.join(directory, MANIFEST))
+    def prepare():
+        if rank0:
+            _check_replaceable(directory)
+            os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+            return beside(directory)
+        return None
+
+    def write_parts(tmp):
+        written = []
         for index, shard in enumerate(shards):
             if shard.rank == block.rank:
                 var, first = block.backend.shard_variable(shard)
-                write_array(inside(directory, _part_name(index), "table part"),
-                            var[first:first + shard.rows].numpy())
+                written.append(os.path.join(tmp, _part_name(index)))
+                write_array(written[-1], var[first : first + shard.rows].numpy())
+        fsync_directories(tmp, written)
 
-    def write_manifest():
-        manifest = {"format": FORMAT, "table": table, "rows": spec.rows, "dim": spec.dim,
-                    "dtype": dtype.name,
-                    "parts": [{"file": _part_name(i), "row_start": s.row_start, "rows": s.rows,
-                               "col_start": s.col_start, "cols": s.cols}
-                              for i, s in enumerate(shards)]}
-        write_json(os.path.join(directory, MANIFEST), manifest)
+    def publish(tmp, aside):
+        os.makedirs(tmp, exist_ok=True)  # a table with no rows has no parts
+        write_json(
+            os.path.join(tmp, MANIFEST),
+            {
+                "format": FORMAT,
+                "table": table,
+                "rows": spec.rows,
+                "dim": spec.dim,
+                "dtype": dtype.name,
+                "parts": [
+                    {
+                        "file": _part_name(i),
+                        "row_start": s.row_start,
+                        "rows": s.rows,
+                        "col_start": s.col_start,
+                        "cols": s.cols,
+                    }
+                    for i, s in enumerate(shards)
+                ],
+            },
+        )
+        fsync_directory(tmp)  # the parts' entries, whichever rank wrote them
+        replace_whole(tmp, directory, aside)
 
-    agree.on_every_rank(what, write_parts, error_type=OSError, wrap_own=True)
-    agree.on_rank_zero(what, write_manifest, error_type=OSError)
+    _, names = agree.on_every_rank(
+        what, prepare, share=lambda n: n, error_type=StorageError, wrap_own=True
+    )
+    tmp, aside = names[0]
+    try:
+        agree.on_every_rank(what, lambda: write_parts(tmp), error_type=OSError, wrap_own=True)
+        agree.on_rank_zero(what, lambda: publish(tmp, aside), error_type=OSError)
+    except Exception:
+        if rank0:  # every rank is past its writes (the stages agree)
+            remove_path(tmp)
+        raise
     return directory
+
+
+def _check_replaceable(directory: str) -> None:
+    """Raises unless ``directory`` is missing, empty, or holds an export (nothing else is
+    deleted by the export that replaces it)."""
+    if not os.path.lexists(directory):
+        return
+    if not os.path.isdir(directory) or os.path.islink(directory):
+        raise StorageError(
+            f"Cannot export a table to {directory}: it is not a directory. "
+            f"Received: directory={directory!r}"
+        )
+    foreign = sorted(n for n in os.listdir(directory) if n != MANIFEST and not _PART.fullmatch(n))
+    if foreign:
+        raise StorageError(
+            f"Cannot export a table to {directory}: it holds files that are not part of a "
+            f"table export ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}), "
+            f"and an export replaces its directory whole. Export into a new or empty "
+            f"directory. Received: directory={directory!r}"
+        )
 
 
 def read_manifest(directory: str) -> dict:
@@ -82,11 +162,19 @@ def read_manifest(directory: str) -> dict:
     Raises:
         StorageError: naming the manifest, the field and the value received.
     """
+    fd = open_directory(directory, "table export")
+    try:
+        return _read_manifest(directory, fd)
+    finally:
+        os.close(fd)
+
+
+def _read_manifest(directory: str, fd: int) -> dict:
     path = os.path.join(directory, MANIFEST)
     try:
-        manifest = read_json(path, "Table export manifest")
+        manifest = read_json(path, "Table export manifest", dir_fd=fd)
     except StorageError as exc:
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             raise StorageError(f"No table export in {directory}: {path} is missing.") from exc
         raise
 
@@ -96,8 +184,10 @@ def read_manifest(directory: str) -> dict:
     def field(obj, key, kind, where, low=None):
         value = obj.get(key) if isinstance(obj, dict) else None
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise fail(f"{where}{key} must be of type {kind.__name__}. "
-                       f"Received: {where}{key}={value!r}")
+            raise fail(
+                f"{where}{key} must be of type {kind.__name__}. "
+                f"Received: {where}{key}={value!r}"
+            )
         if low is not None and value < low:
             raise fail(f"{where}{key} must be >= {low}. Received: {where}{key}={value!r}")
         return value
@@ -114,17 +204,25 @@ def read_manifest(directory: str) -> dict:
     rectangles = []
     for i, part in enumerate(field(manifest, "parts", list, "")):
         where = f"parts[{i}]."
-        field(part, "file", str, where)
-        r0, nr, c0, nc = (field(part, k, int, where, 0)
-                          for k in ("row_start", "rows", "col_start", "cols"))
+        if not _FILE_NAME.fullmatch(field(part, "file", str, where)):
+            raise fail(
+                f"{where}file must be a file name in the export directory (no path "
+                f"to anywhere outside it). Received: {where}file={part['file']!r}"
+            )
+        r0, nr, c0, nc = (
+            field(part, k, int, where, 0) for k in ("row_start", "rows", "col_start", "cols")
+        )
         if r0 + nr > rows or c0 + nc > dim:
-            raise fail(f"part {part['file']!r} lies outside the {rows} x {dim} table. "
-                       f"Received: {part}")
+            raise fail(
+                f"part {part['file']!r} lies outside the {rows} x {dim} table. " f"Received: {part}"
+            )
         if nr and nc:
             rectangles.append(_Rectangle(r0, nr, c0, nc))
     if not tiles(rectangles, rows, dim):
-        raise fail(f"its parts do not cover the table ({rows} x {dim}) exactly once. "
-                   f"Received: parts={manifest['parts']}")
+        raise fail(
+            f"its parts do not cover the table ({rows} x {dim}) exactly once. "
+            f"Received: parts={manifest['parts']}"
+        )
     return manifest
 
 
@@ -136,11 +234,39 @@ class _Rectangle:
     cols: int
 
 
-def _parts(directory: str, manifest: dict):
-    dtype = np.dtype(manifest["dtype"])
-    for part in manifest["parts"]:
-        path = inside(directory, part["file"], "table part")
-        yield part, load_array(path, (part["rows"], part["cols"]), dtype)
+def _open_export(directory: str):
+    """``(manifest, [(part, memory map)])`` of one export: the manifest and every part read
+    through one handle of the directory (see the module doc)."""
+    fd = open_directory(directory, "table export")
+    try:
+        manifest = _read_manifest(directory, fd)
+        dtype = np.dtype(manifest["dtype"])
+        parts = []
+        for part in manifest["parts"]:
+            path = os.path.join(directory, part["file"])
+            try:
+                parts.append(
+                    (part, load_array(path, (part["rows"], part["cols"]), dtype, dir_fd=fd))
+                )
+            except StorageError as exc:
+                if _replaced(directory, fd):
+                    raise StorageError(
+                        f"Table export {directory} was replaced while it was being read: its "
+                        f"part {path} is gone. Read it again (the new export is whole)."
+                    ) from exc
+                raise
+        return manifest, parts
+    finally:
+        os.close(fd)
+
+
+def _replaced(directory: str, fd: int) -> bool:
+    """True when ``directory`` is no longer the directory opened as ``fd``."""
+    try:
+        now, then = os.stat(directory), os.fstat(fd)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != (then.st_dev, then.st_ino)
 
 
 def iter_table(directory: str, batch_rows: int = 65536):
@@ -148,8 +274,7 @@ def iter_table(directory: str, batch_rows: int = 65536):
     table; at most one batch is in memory (the parts are memory-mapped)."""
     if not isinstance(batch_rows, int) or batch_rows < 1:
         raise ValueError(f"batch_rows must be a positive int. Received: {batch_rows!r}")
-    manifest = read_manifest(directory)
-    parts = list(_parts(directory, manifest))
+    manifest, parts = _open_export(directory)
     rows, dim = manifest["rows"], manifest["dim"]
     for start in range(0, rows, batch_rows):
         stop = min(start + batch_rows, rows)
@@ -157,18 +282,21 @@ def iter_table(directory: str, batch_rows: int = 65536):
         for part, array in parts:
             lo, hi = max(start, part["row_start"]), min(stop, part["row_start"] + part["rows"])
             if lo < hi:
-                batch[lo - start:hi - start, part["col_start"]:part["col_start"] + part["cols"]] = \
-                    array[lo - part["row_start"]:hi - part["row_start"]]
+                batch[
+                    lo - start : hi - start, part["col_start"] : part["col_start"] + part["cols"]
+                ] = array[lo - part["row_start"] : hi - part["row_start"]]
         yield start, batch
 
 
 def read_table(directory: str) -> np.ndarray:
     """The whole exported table as one array (for tables that fit in memory)."""
-    manifest = read_manifest(directory)
+    manifest, parts = _open_export(directory)
     table = np.zeros((manifest["rows"], manifest["dim"]), manifest["dtype"])
-    for part, array in _parts(directory, manifest):
-        table[part["row_start"]:part["row_start"] + part["rows"],
-              part["col_start"]:part["col_start"] + part["cols"]] = array
+    for part, array in parts:
+        table[
+            part["row_start"] : part["row_start"] + part["rows"],
+            part["col_start"] : part["col_start"] + part["cols"],
+        ] = array
     return table
 
 

@@ -6,19 +6,40 @@ Example:
     >>> [(s.table, s.rank) for s in plan(ts, 2).shards]
     [('a', 0), ('c', 0), ('b', 1)]
 """
+
 from __future__ import annotations
 
 from typing import Sequence
 
-from merlin_models_de.planner.slicing import (auto_column_threshold, classify,
-                                              column_slice_widths, row_ranges)
+from merlin_models_de.planner.slicing import (
+    auto_column_threshold,
+    classify,
+    column_slice_widths,
+    row_ranges,
+)
 from merlin_models_de.planner.strategies import STRATEGIES, assign
-from merlin_models_de.planner.types import (MODEL_PARALLEL, OPTIMIZER_SLOTS, Shard,
-                                            ShardingPlan, ShardingType, optimizer_slots)
+from merlin_models_de.planner.types import (
+    MODEL_PARALLEL,
+    OPTIMIZER_SLOTS,
+    Shard,
+    ShardingPlan,
+    ShardingType,
+    optimizer_slots,
+)
 from merlin_models_de.tables import TableSpec
 
-__all__ = ["plan", "placed_like", "MODEL_PARALLEL", "validate_options", "Shard", "ShardingPlan", "ShardingType", "STRATEGIES",
-           "OPTIMIZER_SLOTS", "optimizer_slots"]
+__all__ = [
+    "plan",
+    "placed_like",
+    "MODEL_PARALLEL",
+    "validate_options",
+    "Shard",
+    "ShardingPlan",
+    "ShardingType",
+    "STRATEGIES",
+    "OPTIMIZER_SLOTS",
+    "optimizer_slots",
+]
 
 
 def _positive_or_none(option: str, value) -> None:
@@ -28,14 +49,21 @@ def _positive_or_none(option: str, value) -> None:
         raise ValueError(f"{option} must be a positive int or None. Received: {option}={value!r}")
 
 
-def validate_options(world_size=1, strategy="basic", column_slice_threshold=None,
-                     row_slice_threshold=None, data_parallel_threshold=None) -> None:
+def validate_options(
+    world_size=1,
+    strategy="basic",
+    column_slice_threshold=None,
+    row_slice_threshold=None,
+    data_parallel_threshold=None,
+) -> None:
     """Raises ValueError naming the first invalid placement option and its value."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1. Received: world_size={world_size!r}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy; expected one of {list(STRATEGIES)}. "
-                         f"Received: strategy={strategy!r}")
+        raise ValueError(
+            f"Unknown strategy; expected one of {list(STRATEGIES)}. "
+            f"Received: strategy={strategy!r}"
+        )
     _positive_or_none("column_slice_threshold", column_slice_threshold)
     _positive_or_none("row_slice_threshold", row_slice_threshold)
     _positive_or_none("data_parallel_threshold", data_parallel_threshold)
@@ -44,8 +72,9 @@ def validate_options(world_size=1, strategy="basic", column_slice_threshold=None
 def _model_parallel_shards(tables, mp, world_size, strategy, threshold) -> list[list[Shard]]:
     if threshold is None:
         threshold = auto_column_threshold([tables[i].elements for i in mp], world_size)
-    widths = {i: column_slice_widths(tables[i].rows, tables[i].dim, threshold, world_size)
-              for i in mp}
+    widths = {
+        i: column_slice_widths(tables[i].rows, tables[i].dim, threshold, world_size) for i in mp
+    }
     ids = [i for i in mp for _ in widths[i]]
     sizes = [tables[i].rows * w for i in mp for w in widths[i]]
     dealt = assign(strategy, ids, sizes, world_size)
@@ -61,7 +90,7 @@ def _model_parallel_shards(tables, mp, world_size, strategy, threshold) -> list[
         shards = []
         for i, count in counts.items():
             k = next_slice[i]
-            cols = sum(widths[i][k:k + count])
+            cols = sum(widths[i][k : k + count])
             kind = ShardingType.TABLE_WISE if len(widths[i]) == 1 else ShardingType.COLUMN_WISE
             shards.append(Shard(tables[i].name, rank, kind, 0, tables[i].rows, next_col[i], cols))
             next_slice[i] += count
@@ -70,9 +99,15 @@ def _model_parallel_shards(tables, mp, world_size, strategy, threshold) -> list[
     return per_rank
 
 
-def plan(tables: Sequence[TableSpec], world_size: int, strategy: str = "basic", *,
-         column_slice_threshold: int | None = None, row_slice_threshold: int | None = None,
-         data_parallel_threshold: int | None = None) -> ShardingPlan:
+def plan(
+    tables: Sequence[TableSpec],
+    world_size: int,
+    strategy: str = "basic",
+    *,
+    column_slice_threshold: int | None = None,
+    row_slice_threshold: int | None = None,
+    data_parallel_threshold: int | None = None,
+) -> ShardingPlan:
     """Places tables on ranks. Pure: same inputs, same plan, on every rank.
 
     Args:
@@ -94,8 +129,9 @@ def plan(tables: Sequence[TableSpec], world_size: int, strategy: str = "basic", 
         >>> p = plan(tables, 4, "memory_balanced", column_slice_threshold=10_000_000)  # doctest: +SKIP
         >>> print(p.summary("adagrad"))  # doctest: +SKIP
     """
-    validate_options(world_size, strategy, column_slice_threshold, row_slice_threshold,
-                     data_parallel_threshold)
+    validate_options(
+        world_size, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
+    )
     tables = tuple(tables)
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
@@ -103,22 +139,37 @@ def plan(tables: Sequence[TableSpec], world_size: int, strategy: str = "basic", 
     dp, mp, rs = classify(tables, data_parallel_threshold, row_slice_threshold)
     for i in rs:
         if tables[i].rows < world_size:
-            raise ValueError(f"Table '{tables[i].name}' has {tables[i].rows} rows, fewer than "
-                             f"world_size={world_size}; it cannot be row sliced. Received: "
-                             f"row_slice_threshold={row_slice_threshold!r}")
+            raise ValueError(
+                f"Table '{tables[i].name}' has {tables[i].rows} rows, fewer than "
+                f"world_size={world_size}; it cannot be row sliced. Received: "
+                f"row_slice_threshold={row_slice_threshold!r}"
+            )
     mp_shards = _model_parallel_shards(tables, mp, world_size, strategy, column_slice_threshold)
     shards: list[Shard] = []
     for rank in range(world_size):
-        shards += [Shard(tables[i].name, rank, ShardingType.DATA_PARALLEL, 0, tables[i].rows,
-                         0, tables[i].dim) for i in dp]
+        shards += [
+            Shard(
+                tables[i].name,
+                rank,
+                ShardingType.DATA_PARALLEL,
+                0,
+                tables[i].rows,
+                0,
+                tables[i].dim,
+            )
+            for i in dp
+        ]
         shards += mp_shards[rank]
         for i in rs:
             start, count = row_ranges(tables[i].rows, world_size)[rank]
-            shards.append(Shard(tables[i].name, rank, ShardingType.ROW_WISE, start, count,
-                                0, tables[i].dim))
-    options = (("column_slice_threshold", column_slice_threshold),
-               ("data_parallel_threshold", data_parallel_threshold),
-               ("row_slice_threshold", row_slice_threshold))
+            shards.append(
+                Shard(tables[i].name, rank, ShardingType.ROW_WISE, start, count, 0, tables[i].dim)
+            )
+    options = (
+        ("column_slice_threshold", column_slice_threshold),
+        ("data_parallel_threshold", data_parallel_threshold),
+        ("row_slice_threshold", row_slice_threshold),
+    )
     return ShardingPlan(world_size, strategy, tables, tuple(shards), options)
 
 
@@ -139,11 +190,18 @@ def placed_like(plan_: ShardingPlan, table: str, companion: TableSpec) -> Shardi
     """
     spec = plan_.table(table)
     if companion.rows != spec.rows:
-        raise ValueError(f"Table '{companion.name}' must have the {spec.rows} rows of table "
-                         f"'{table}' to be placed like it. Received: rows={companion.rows}")
+        raise ValueError(
+            f"Table '{companion.name}' must have the {spec.rows} rows of table "
+            f"'{table}' to be placed like it. Received: rows={companion.rows}"
+        )
     if plan_.kind_of(table) is ShardingType.COLUMN_WISE:
-        raise ValueError(f"Table '{table}' is column-sliced; a per-row companion "
-                         f"('{companion.name}') cannot be placed like it.")
-    shards = tuple(Shard(companion.name, s.rank, s.kind, s.row_start, s.rows, 0, companion.dim)
-                   for s in plan_.shards if s.table == table)
+        raise ValueError(
+            f"Table '{table}' is column-sliced; a per-row companion "
+            f"('{companion.name}') cannot be placed like it."
+        )
+    shards = tuple(
+        Shard(companion.name, s.rank, s.kind, s.row_start, s.rows, 0, companion.dim)
+        for s in plan_.shards
+        if s.table == table
+    )
     return ShardingPlan(plan_.world_size, plan_.strategy, (companion,), shards, plan_.options)

@@ -30,6 +30,7 @@ Example:
     >>> round(predict(costs, Link("toy", alpha_ms=1.0, beta_gbps=1.0)), 6)
     4.000344
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -103,8 +104,7 @@ class StepCosts:
 
     def received_per_rank(self) -> tuple[int, ...]:
         """Bytes each rank gets out of collectives per step."""
-        return tuple(sum(c.received[r] for c in self.collectives)
-                     for r in range(self.world_size))
+        return tuple(sum(c.received[r] for c in self.collectives) for r in range(self.world_size))
 
     @property
     def wire(self) -> int:
@@ -145,8 +145,9 @@ class Link:
     def time_ms(self, kind: str, wire: int) -> float:
         """Milliseconds of one collective of ``kind`` moving ``wire`` bytes per rank."""
         if kind not in KINDS:
-            raise ValueError(f"Unknown collective kind; expected one of {KINDS}. "
-                             f"Received: kind={kind!r}")
+            raise ValueError(
+                f"Unknown collective kind; expected one of {KINDS}. " f"Received: kind={kind!r}"
+            )
         alpha, beta = self.alpha_ms, self.beta_gbps
         if kind == "allreduce":
             alpha = alpha if self.allreduce_alpha_ms is None else self.allreduce_alpha_ms
@@ -154,25 +155,40 @@ class Link:
         return alpha + wire / (beta * 1e9) * 1e3
 
 
-# Calibrated here by `horovodrun -np 2 python -m merlin_models_de.apps.link_probe`, see
+# Calibrated here by `horovodrun -np 2 python -m merlin_models_de.apps.tools.link_probe`, see
 # GLOO_LOOPBACK_NOTE; the NCCL links are rounded from NVIDIA's published figures (README).
-GLOO_LOOPBACK_NOTE = ("measured 2026-12-01 on this 2-core host: Horovod 0.28.1 + Gloo over "
-                      "loopback, default HOROVOD_CYCLE_TIME, 2 ranks, float32 all-to-all / "
-                      "allreduce of 1 KB..4 MB in a tf.function, median of 30 calls, "
-                      "least-squares fit, mean of 3 runs (other jobs "
-                      "shared the cores: alpha 1.13-1.45 ms)")
+GLOO_LOOPBACK_NOTE = (
+    "measured 2026-12-01 on this 2-core host: Horovod 0.28.1 + Gloo over "
+    "loopback, default HOROVOD_CYCLE_TIME, 2 ranks, float32 all-to-all / "
+    "allreduce of 1 KB..4 MB in a tf.function, median of 30 calls, "
+    "least-squares fit, mean of 3 runs (other jobs "
+    "shared the cores: alpha 1.13-1.45 ms)"
+)
 LINKS: dict[str, Link] = {
-    "gloo-loopback": Link("gloo-loopback", alpha_ms=1.28, beta_gbps=1.14,
-                          allreduce_alpha_ms=1.29, allreduce_beta_gbps=1.02,
-                          source=GLOO_LOOPBACK_NOTE),
-    "nvlink-nccl": Link("nvlink-nccl", alpha_ms=0.03, beta_gbps=230.0,
-                        source="DGX A100, 8 GPUs on NVSwitch (NVLink 3, 300 GB/s per "
-                               "direction); NCCL bus bandwidth ~230 GB/s as published "
-                               "(nccl-tests); NCCL latency only, no Horovod cycle"),
-    "infiniband-nccl": Link("infiniband-nccl", alpha_ms=0.05, beta_gbps=23.0,
-                            source="multi-node, one HDR 200 Gb/s (25 GB/s) NIC per GPU; "
-                                   "NCCL reaches ~23 GB/s bus bandwidth per NIC; all "
-                                   "off-rank bytes priced at the NIC's rate"),
+    "gloo-loopback": Link(
+        "gloo-loopback",
+        alpha_ms=1.28,
+        beta_gbps=1.14,
+        allreduce_alpha_ms=1.29,
+        allreduce_beta_gbps=1.02,
+        source=GLOO_LOOPBACK_NOTE,
+    ),
+    "nvlink-nccl": Link(
+        "nvlink-nccl",
+        alpha_ms=0.03,
+        beta_gbps=230.0,
+        source="DGX A100, 8 GPUs on NVSwitch (NVLink 3, 300 GB/s per "
+        "direction); NCCL bus bandwidth ~230 GB/s as published "
+        "(nccl-tests); NCCL latency only, no Horovod cycle",
+    ),
+    "infiniband-nccl": Link(
+        "infiniband-nccl",
+        alpha_ms=0.05,
+        beta_gbps=23.0,
+        source="multi-node, one HDR 200 Gb/s (25 GB/s) NIC per GPU; "
+        "NCCL reaches ~23 GB/s bus bandwidth per NIC; all "
+        "off-rank bytes priced at the NIC's rate",
+    ),
 }
 
 
@@ -194,9 +210,13 @@ def predict(costs: StepCosts, link: Link) -> float:
     return sum(collective_ms(c, link) for c in costs.collectives)
 
 
-def dlrm_dense_params(continuous: int, embedded: int, dim: int,
-                      bottom_mlp: Sequence[int] = (128,),
-                      top_mlp: Sequence[int] = (128, 64)) -> int:
+def dlrm_dense_params(
+    continuous: int,
+    embedded: int,
+    dim: int,
+    bottom_mlp: Sequence[int] = (128,),
+    top_mlp: Sequence[int] = (128, 64),
+) -> int:
     """Dense parameters of Merlin's ``DLRMModel`` (kernels and biases).
 
     Bottom MLP ``continuous -> bottom_mlp + [dim]``; the dot interaction of the ``embedded``
@@ -207,6 +227,7 @@ def dlrm_dense_params(continuous: int, embedded: int, dim: int,
         >>> dlrm_dense_params(13, 26, 16)  # Criteo, dim 16: 237 KB of float32 gradients
         59281
     """
+
     def mlp(width_in, widths):
         total = 0
         for w in widths:
@@ -236,25 +257,41 @@ def _reverse(c: Collective) -> Collective:
 
 def _allgather(stage, pieces) -> Collective:
     total = sum(pieces)
-    return Collective(stage, "allgather", "fwd", tuple(pieces), (total,) * len(pieces),
-                      max(total - p for p in pieces))
+    return Collective(
+        stage,
+        "allgather",
+        "fwd",
+        tuple(pieces),
+        (total,) * len(pieces),
+        max(total - p for p in pieces),
+    )
 
 
 def _hotness_of(feature: FeatureSpec, hotness) -> float:
     value = hotness.get(feature.name) if isinstance(hotness, Mapping) else hotness
     if value is None:
-        raise ValueError(f"Multi-hot feature '{feature.name}' needs its mean ids per sample; "
-                         f"pass hotness={{'{feature.name}': h}}. Received: hotness={hotness!r}")
+        raise ValueError(
+            f"Multi-hot feature '{feature.name}' needs its mean ids per sample; "
+            f"pass hotness={{'{feature.name}': h}}. Received: hotness={hotness!r}"
+        )
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"hotness of feature '{feature.name}' must be a number >= 0. "
-                         f"Received: {value!r}")
+        raise ValueError(
+            f"hotness of feature '{feature.name}' must be a number >= 0. " f"Received: {value!r}"
+        )
     return value
 
 
-def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[FeatureSpec] | None = None,
-               hotness: float | Mapping[str, float] | None = None, dtype_bytes: int = 4,
-               dense_params: int = 0, allreduce_rounds: int = 1,
-               exchange_bytes: int | None = None) -> StepCosts:
+def step_costs(
+    plan: ShardingPlan,
+    batch_size: int,
+    *,
+    features: Sequence[FeatureSpec] | None = None,
+    hotness: float | Mapping[str, float] | None = None,
+    dtype_bytes: int = 4,
+    dense_params: int = 0,
+    allreduce_rounds: int = 1,
+    exchange_bytes: int | None = None,
+) -> StepCosts:
     """The collectives of one training step of the horovod backend (see the module docstring).
 
     Args:
@@ -277,10 +314,13 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
     Raises:
         ValueError: naming the option and the value received.
     """
-    for name, value, least in (("batch_size", batch_size, 1), ("dtype_bytes", dtype_bytes, 1),
-                               ("dense_params", dense_params, 0),
-                               ("allreduce_rounds", allreduce_rounds, 1),
-                               ("exchange_bytes", exchange_bytes or dtype_bytes, 1)):
+    for name, value, least in (
+        ("batch_size", batch_size, 1),
+        ("dtype_bytes", dtype_bytes, 1),
+        ("dense_params", dense_params, 0),
+        ("allreduce_rounds", allreduce_rounds, 1),
+        ("exchange_bytes", exchange_bytes or dtype_bytes, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an int >= {least}. Received: {name}={value!r}")
     features = tuple(feature_order(plan.tables) if features is None else features)
@@ -298,8 +338,10 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
     per_owner = [ID_BYTES * (2 + b * len(routing.served[o])) for o in range(n)]
     fwd.append(_alltoall("ids", "fwd", [per_owner[:] for _ in range(n)]))
     if any(routing.counts(o)[1] for o in range(n)):
-        values = [sum(ID_BYTES * ids_of(features[l.feature]) for l in routing.served[o]
-                      if l.multi_hot) for o in range(n)]
+        values = [
+            sum(ID_BYTES * ids_of(features[l.feature]) for l in routing.served[o] if l.multi_hot)
+            for o in range(n)
+        ]
         fwd.append(_alltoall("values", "fwd", [values[:] for _ in range(n)]))
     bwd = []
     widths = [routing.width(o) for o in range(n)]
@@ -309,8 +351,10 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
         fwd.append(c)
         bwd.append(_reverse(c))
     if any(routing.sequences(o) for o in range(n)):
-        rows = [sum(ids_of(features[l.feature]) * l.shard.cols for _, l in routing.sequences(o))
-                for o in range(n)]
+        rows = [
+            sum(ids_of(features[l.feature]) * l.shard.cols for _, l in routing.sequences(o))
+            for o in range(n)
+        ]
         c = _alltoall("sequences", "fwd", [[rows[o] * x] * n for o in range(n)])
         fwd.append(c)
         bwd.append(_reverse(c))
@@ -326,16 +370,20 @@ def step_costs(plan: ShardingPlan, batch_size: int, *, features: Sequence[Featur
         c = _alltoall(f"rw_{f.name}_vectors", "fwd", [[rows * dim * d] * n for _ in range(n)])
         fwd.append(c)
         bwd.append(_reverse(c))
-    replicated = sum(t.elements for t in plan.tables
-                     if plan.kind_of(t.name) is ShardingType.DATA_PARALLEL)
+    replicated = sum(
+        t.elements for t in plan.tables if plan.kind_of(t.name) is ShardingType.DATA_PARALLEL
+    )
     reduced = (dense_params + replicated) * d
     dense = []
     if reduced:
         rounds = min(allreduce_rounds, reduced)
         for k in range(rounds):
             size = reduced // rounds + (1 if k < reduced % rounds else 0)
-            dense.append(Collective("dense", "allreduce", "bwd", (size,) * n, (size,) * n,
-                                    2 * (n - 1) * size // n))
+            dense.append(
+                Collective(
+                    "dense", "allreduce", "bwd", (size,) * n, (size,) * n, 2 * (n - 1) * size // n
+                )
+            )
     return StepCosts(n, b, tuple(fwd + bwd[::-1] + dense))
 
 
@@ -349,12 +397,16 @@ def table_lines(costs: StepCosts, links: Sequence[Link] = ()) -> list[str]:
     head = f"{'stage':<16} {'kind':<9} {'dir':<3} {'sent/rank':>11} {'recv/rank':>11} {'wire':>11}"
     lines = [head + "".join(f" {link.name + ' ms':>20}" for link in links)]
     for c in costs.collectives:
-        lines.append(f"{c.stage:<16} {c.kind:<9} {c.direction:<3} {c.max_sent:>11,} "
-                     f"{c.max_received:>11,} {c.wire:>11,}"
-                     + "".join(f" {collective_ms(c, link):>20.3f}" for link in links))
+        lines.append(
+            f"{c.stage:<16} {c.kind:<9} {c.direction:<3} {c.max_sent:>11,} "
+            f"{c.max_received:>11,} {c.wire:>11,}"
+            + "".join(f" {collective_ms(c, link):>20.3f}" for link in links)
+        )
     kinds = ", ".join(f"{costs.count_by(k)} {k}" for k in KINDS if costs.count_by(k))
-    lines.append(f"{'total':<16} {costs.count:<9} {'':<3} {max(costs.sent_per_rank(), default=0):>11,} "
-                 f"{max(costs.received_per_rank(), default=0):>11,} {costs.wire:>11,}"
-                 + "".join(f" {predict(costs, link):>20.3f}" for link in links))
+    lines.append(
+        f"{'total':<16} {costs.count:<9} {'':<3} {max(costs.sent_per_rank(), default=0):>11,} "
+        f"{max(costs.received_per_rank(), default=0):>11,} {costs.wire:>11,}"
+        + "".join(f" {predict(costs, link):>20.3f}" for link in links)
+    )
     lines.append(f"{costs.count} collectives per step ({kinds or 'none'})")
     return lines

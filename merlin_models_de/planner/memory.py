@@ -1,5 +1,5 @@
 """Predicted peak resident memory of one rank: what the plan command prints, what the capacity
-search (``python -m merlin_models_de.apps.capacity``) checks against the measured peak.
+search (``python -m merlin_models_de.apps.bench.capacity``) checks against the measured peak.
 
 A rank's peak is its runtime (TensorFlow, Merlin, Horovod, the dense layers and the input
 pipeline at the commands' batch: measured, not derived), its tables with their optimizer
@@ -14,6 +14,7 @@ before it. ``mm.Embeddings`` and one process draw tables whole; on several ranks
 draws a large shard a block of rows at a time (one copy and a block's temporaries). Before
 that, on 4 ranks with one 30M-row table each, every rank peaked at runtime + 3 copies of it.
 """
+
 from __future__ import annotations
 
 from merlin_models_de.planner.types import ShardingPlan, optimizer_slots
@@ -26,9 +27,14 @@ RUNTIME_BYTES = int(0.74 * 2**30)
 DENSE_GRADIENT_COPIES = 1.25
 
 
-def rank_peak_bytes(elements: int, optimizer: str, dtype_bytes: int = 4,
-                    dense_gradients: bool = False, runtime: int = RUNTIME_BYTES,
-                    drawn_whole: int = 0) -> int:
+def rank_peak_bytes(
+    elements: int,
+    optimizer: str,
+    dtype_bytes: int = 4,
+    dense_gradients: bool = False,
+    runtime: int = RUNTIME_BYTES,
+    drawn_whole: int = 0,
+) -> int:
     """Peak bytes of a rank holding ``elements`` table parameters trained with ``optimizer``
     (its slots are copies); ``dense_gradients``: the tables' gradients are allreduced dense
     (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the elements of the largest
@@ -39,23 +45,39 @@ def rank_peak_bytes(elements: int, optimizer: str, dtype_bytes: int = 4,
     return max(training, initializing)
 
 
-def plan_peak_bytes(plan: ShardingPlan, optimizer: str, dtype_bytes: int = 4,
-                    runtime: int = RUNTIME_BYTES) -> list[int]:
+def plan_peak_bytes(
+    plan: ShardingPlan, optimizer: str, dtype_bytes: int = 4, runtime: int = RUNTIME_BYTES
+) -> list[int]:
     """Predicted peak bytes of every rank of ``plan`` (the block's shards), in rank order
     (one process draws its tables whole, several ranks by blocks of rows)."""
+
     def drawn_whole(rank):
         shards = plan.shards_on(rank) if plan.world_size == 1 else []
         return max((s.elements for s in shards), default=0)
 
-    return [rank_peak_bytes(plan.rank_elements(rank), optimizer, dtype_bytes, runtime=runtime,
-                            drawn_whole=drawn_whole(rank))
-            for rank in range(plan.world_size)]
+    return [
+        rank_peak_bytes(
+            plan.rank_elements(rank),
+            optimizer,
+            dtype_bytes,
+            runtime=runtime,
+            drawn_whole=drawn_whole(rank),
+        )
+        for rank in range(plan.world_size)
+    ]
 
 
-def replicated_peak_bytes(tables, optimizer: str, world_size: int = 1, dtype_bytes: int = 4,
-                          runtime: int = RUNTIME_BYTES) -> int:
+def replicated_peak_bytes(
+    tables, optimizer: str, world_size: int = 1, dtype_bytes: int = 4, runtime: int = RUNTIME_BYTES
+) -> int:
     """Predicted peak bytes of a rank that holds every table whole (``mm.Embeddings``): one
     process, or each of ``world_size`` > 1 ranks of Merlin's data-parallel training."""
     sizes = [t.rows * t.dim for t in tables]
-    return rank_peak_bytes(sum(sizes), optimizer, dtype_bytes, dense_gradients=world_size > 1,
-                           runtime=runtime, drawn_whole=max(sizes, default=0))
+    return rank_peak_bytes(
+        sum(sizes),
+        optimizer,
+        dtype_bytes,
+        dense_gradients=world_size > 1,
+        runtime=runtime,
+        drawn_whole=max(sizes, default=0),
+    )

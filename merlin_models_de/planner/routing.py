@@ -7,6 +7,7 @@ Example:
     >>> r = Routing.build(plan, features)  # doctest: +SKIP
     >>> r.served[0]  # lookups rank 0 answers for every rank  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,12 @@ class Routing:
         served = []
         for owner in range(n):
             mine = [s for s in plan.shards_on(owner) if s.kind in MODEL_PARALLEL]
-            lookups = [Lookup(i, s, f.multi_hot, f.multi_hot and f.combiner is None) for s in mine
-                       for i, f in enumerate(features) if f.table == s.table]
+            lookups = [
+                Lookup(i, s, f.multi_hot, f.multi_hot and f.combiner is None)
+                for s in mine
+                for i, f in enumerate(features)
+                if f.table == s.table
+            ]
             lookups.sort(key=lambda l: l.multi_hot)  # stable: one-hot first
             served.append(tuple(lookups))
         pieces = []
@@ -71,8 +76,9 @@ class Routing:
             else:
                 parts = []
                 for s in sorted(plan.shards_of(f.table), key=lambda s: s.col_start):
-                    index = next(k for k, l in enumerate(served[s.rank])
-                                 if l.feature == i and l.shard == s)
+                    index = next(
+                        k for k, l in enumerate(served[s.rank]) if l.feature == i and l.shard == s
+                    )
                     parts.append(Piece(s.kind, s.cols, owner=s.rank, index=index))
                 pieces.append(tuple(parts))
         return cls(n, features, tuple(served), tuple(pieces))

@@ -4,6 +4,7 @@ Example:
     >>> column_slice_widths(rows=1000, dim=16, threshold=5000, world_size=8)
     [4, 4, 4, 4]
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -11,8 +12,11 @@ from typing import Sequence
 from merlin_models_de.tables import TableSpec
 
 
-def classify(tables: Sequence[TableSpec], data_parallel_threshold: int | None,
-             row_slice_threshold: int | None) -> tuple[list[int], list[int], list[int]]:
+def classify(
+    tables: Sequence[TableSpec],
+    data_parallel_threshold: int | None,
+    row_slice_threshold: int | None,
+) -> tuple[list[int], list[int], list[int]]:
     """Splits table indices into (data-parallel, model-parallel, row-sliced).
 
     A table with at most ``data_parallel_threshold`` elements is replicated; otherwise one with

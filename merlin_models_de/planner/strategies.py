@@ -8,6 +8,7 @@ Example:
     >>> basic([0, 1, 2], [5, 9, 1], 2)
     [[0, 2], [1]]
 """
+
 from __future__ import annotations
 
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
@@ -36,7 +37,7 @@ def memory_balanced(ids: list[int], sizes: list[int], world_size: int) -> list[l
     """
     order = [i for _, i in sorted(zip(sizes, ids), reverse=True)]
     step = 2 * world_size
-    return [order[r::step] + order[step - 1 - r::step] for r in range(world_size)]
+    return [order[r::step] + order[step - 1 - r :: step] for r in range(world_size)]
 
 
 def memory_optimized(ids: list[int], sizes: list[int], world_size: int) -> list[list[int]]:
@@ -61,9 +62,14 @@ def memory_optimized(ids: list[int], sizes: list[int], world_size: int) -> list[
 
 def assign(strategy: str, ids: list[int], sizes: list[int], world_size: int) -> list[list[int]]:
     """Dispatches to the named strategy. Raises ValueError naming an unknown one."""
-    funcs = {"basic": basic, "memory_balanced": memory_balanced,
-             "memory_optimized": memory_optimized}
+    funcs = {
+        "basic": basic,
+        "memory_balanced": memory_balanced,
+        "memory_optimized": memory_optimized,
+    }
     if strategy not in funcs:
-        raise ValueError(f"Unknown strategy; expected one of {list(STRATEGIES)}. "
-                         f"Received: strategy={strategy!r}")
+        raise ValueError(
+            f"Unknown strategy; expected one of {list(STRATEGIES)}. "
+            f"Received: strategy={strategy!r}"
+        )
     return funcs[strategy](list(ids), list(sizes), world_size)

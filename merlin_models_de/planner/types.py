@@ -7,6 +7,7 @@ Example:
     >>> ShardingPlan.from_dict(p.to_dict()) == p
     True
 """
+
 from __future__ import annotations
 
 import enum
@@ -67,15 +68,28 @@ class Shard:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable dict."""
-        return {"table": self.table, "rank": self.rank, "kind": self.kind.value,
-                "row_start": self.row_start, "rows": self.rows,
-                "col_start": self.col_start, "cols": self.cols}
+        return {
+            "table": self.table,
+            "rank": self.rank,
+            "kind": self.kind.value,
+            "row_start": self.row_start,
+            "rows": self.rows,
+            "col_start": self.col_start,
+            "cols": self.cols,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Shard":
         """Inverse of :meth:`to_dict`."""
-        return cls(d["table"], int(d["rank"]), ShardingType(d["kind"]), int(d["row_start"]),
-                   int(d["rows"]), int(d["col_start"]), int(d["cols"]))
+        return cls(
+            d["table"],
+            int(d["rank"]),
+            ShardingType(d["kind"]),
+            int(d["row_start"]),
+            int(d["rows"]),
+            int(d["col_start"]),
+            int(d["cols"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -113,13 +127,17 @@ class ShardingPlan:
     def stored_shards_on(self, rank: int) -> tuple[Shard, ...]:
         """The shards a checkpoint stores from ``rank``: its own, except replicated tables,
         which only rank 0 stores (every rank holds the same copy)."""
-        return tuple(s for s in self.shards_on(rank)
-                     if s.kind is not ShardingType.DATA_PARALLEL or rank == 0)
+        return tuple(
+            s for s in self.shards_on(rank) if s.kind is not ShardingType.DATA_PARALLEL or rank == 0
+        )
 
     def stored_shards_of(self, table: str) -> tuple[Shard, ...]:
         """The stored shards of one table (see :meth:`stored_shards_on`), in rank order."""
-        return tuple(s for s in self.shards_of(table)
-                     if s.kind is not ShardingType.DATA_PARALLEL or s.rank == 0)
+        return tuple(
+            s
+            for s in self.shards_of(table)
+            if s.kind is not ShardingType.DATA_PARALLEL or s.rank == 0
+        )
 
     def kind_of(self, table: str) -> ShardingType:
         """How ``table`` is sharded."""
@@ -137,21 +155,28 @@ class ShardingPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable dict; inverse of :meth:`from_dict`."""
-        return {"world_size": self.world_size, "strategy": self.strategy,
-                "tables": [t.to_dict() for t in self.tables],
-                "shards": [s.to_dict() for s in self.shards],
-                "options": dict(self.options)}
+        return {
+            "world_size": self.world_size,
+            "strategy": self.strategy,
+            "tables": [t.to_dict() for t in self.tables],
+            "shards": [s.to_dict() for s in self.shards],
+            "options": dict(self.options),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ShardingPlan":
         """Builds a plan from :meth:`to_dict` output."""
-        return cls(int(d["world_size"]), d["strategy"],
-                   tuple(TableSpec.from_dict(t) for t in d["tables"]),
-                   tuple(Shard.from_dict(s) for s in d["shards"]),
-                   tuple(sorted(dict(d.get("options", {})).items())))
+        return cls(
+            int(d["world_size"]),
+            d["strategy"],
+            tuple(TableSpec.from_dict(t) for t in d["tables"]),
+            tuple(Shard.from_dict(s) for s in d["shards"]),
+            tuple(sorted(dict(d.get("options", {})).items())),
+        )
 
-    def summary(self, optimizer: str = "sgd", dtype_bytes: int = 4,
-                slots: int | None = None) -> str:
+    def summary(
+        self, optimizer: str = "sgd", dtype_bytes: int = 4, slots: int | None = None
+    ) -> str:
         """A text table: per rank shards, rows, parameter bytes and bytes with optimizer slots.
 
         Args:
@@ -162,20 +187,26 @@ class ShardingPlan:
                 optimizer's momentum, amsgrad, ...).
         """
         slots = optimizer_slots(optimizer) if slots is None else slots
-        lines = [f"ShardingPlan: {len(self.tables)} tables, world_size={self.world_size}, "
-                 f"strategy={self.strategy}, optimizer={optimizer.lower()} (+{slots} slot copies)",
-                 f"{'rank':>4} {'shards':>6} {'rows':>14} {'params':>12} {'with slots':>12}"]
+        lines = [
+            f"ShardingPlan: {len(self.tables)} tables, world_size={self.world_size}, "
+            f"strategy={self.strategy}, optimizer={optimizer.lower()} (+{slots} slot copies)",
+            f"{'rank':>4} {'shards':>6} {'rows':>14} {'params':>12} {'with slots':>12}",
+        ]
         per_rank = []
         for rank in range(self.world_size):
             mine = self.shards_on(rank)
             params = sum(s.elements for s in mine) * dtype_bytes
             per_rank.append(params)
-            lines.append(f"{rank:>4} {len(mine):>6} {sum(s.rows for s in mine):>14,} "
-                         f"{human_bytes(params):>12} {human_bytes(params * (1 + slots)):>12}")
+            lines.append(
+                f"{rank:>4} {len(mine):>6} {sum(s.rows for s in mine):>14,} "
+                f"{human_bytes(params):>12} {human_bytes(params * (1 + slots)):>12}"
+            )
         total = sum(per_rank)
-        lines.append(f"total {human_bytes(total)} params; "
-                     f"{human_bytes(total * (1 + slots))} with slots; "
-                     f"balance max/mean={self.balance():.3f}")
+        lines.append(
+            f"total {human_bytes(total)} params; "
+            f"{human_bytes(total * (1 + slots))} with slots; "
+            f"balance max/mean={self.balance():.3f}"
+        )
         return "\n".join(lines)
 
 
@@ -183,6 +214,8 @@ def optimizer_slots(optimizer: str) -> int:
     """Extra parameter copies an optimizer keeps. Raises ValueError for unknown names."""
     key = str(optimizer).lower()
     if key not in OPTIMIZER_SLOTS:
-        raise ValueError(f"Unknown optimizer; expected one of {sorted(OPTIMIZER_SLOTS)}. "
-                         f"Received: optimizer={optimizer!r}")
+        raise ValueError(
+            f"Unknown optimizer; expected one of {sorted(OPTIMIZER_SLOTS)}. "
+            f"Received: optimizer={optimizer!r}"
+        )
     return OPTIMIZER_SLOTS[key]

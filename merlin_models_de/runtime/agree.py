@@ -14,6 +14,7 @@ rank never raises before every rank has learnt every rank's outcome:
 Example:
     >>> result, shared = on_every_rank("writing shards", write, error_type=OSError)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,13 @@ def rank_problems_check(problems, rank: int, what: str):
     tf = comm.tf
     return tf.debugging.Assert(
         tf.reduce_all(tf.equal(problems, 0)),
-        [f"Invalid {what} on another rank (this is rank {rank}); see that rank's error. "
-         "Problems per rank:", problems], summarize=64)
+        [
+            f"Invalid {what} on another rank (this is rank {rank}); see that rank's error. "
+            "Problems per rank:",
+            problems,
+        ],
+        summarize=64,
+    )
 
 
 # ---- on the host -------------------------------------------------------------------------------
@@ -74,23 +80,27 @@ def on_every_rank(name: str, work, share=None, error_type=RuntimeError, wrap_own
     """
     try:
         result, error = work(), None
-    except Exception as exc:  # pylint: disable=broad-except  (re-raised below, on every rank)
+    except Exception as exc:  # noqa: BLE001  (re-raised below, on every rank)
         result, error = None, exc
-    mine = (None if error is None else f"{type(error).__name__}: {error}",
-            share(result) if share is not None and error is None else None)
+    mine = (
+        None if error is None else f"{type(error).__name__}: {error}",
+        share(result) if share is not None and error is None else None,
+    )
     outcomes = comm.allgather_object(mine, name="mmde_" + re.sub(r"\W+", "_", name))
     if error is not None and not wrap_own:
         raise error
     for rank, (message, _) in enumerate(outcomes):
         if message is not None:
-            raise error_type(f"{name[:1].upper()}{name[1:]} failed on rank {rank}: "
-                             f"{message}") from error
+            raise error_type(
+                f"{name[:1].upper()}{name[1:]} failed on rank {rank}: " f"{message}"
+            ) from error
     return result, [shared for _, shared in outcomes]
 
 
 def on_rank_zero(name: str, work, error_type=RuntimeError, wrap_own=True):
     """Runs ``work()`` on rank 0 only; every rank returns or raises together (by default
     every rank ``error_type`` naming rank 0 and its error)."""
-    result, _ = on_every_rank(name, work if comm.rank() == 0 else (lambda: None),
-                              error_type=error_type, wrap_own=wrap_own)
+    result, _ = on_every_rank(
+        name, work if comm.rank() == 0 else (lambda: None), error_type=error_type, wrap_own=wrap_own
+    )
     return result

@@ -1,13 +1,17 @@
 """A Merlin Systems ensemble: raw rows -> the NVTabular workflow -> the exported model.
 
 The model is the single-process SavedModel that ``model.save(path)`` writes (under
-horovodrun, from rank 0, with the full tables). ``Ensemble.transform(df)`` runs the graph in
-this process; ``Ensemble.export(path)`` writes a Triton model repository.
+horovodrun, from rank 0, with the full tables). Between the workflow and the model,
+:class:`~.model_inputs.ModelInputs` casts the workflow's output to the model's signature;
+before the graph, every request is checked against the workflow's input schema
+(:mod:`.request`). ``Ensemble.transform(df)`` runs the graph in this process;
+``Ensemble.export(path)`` writes a Triton model repository.
 
 Example:
     >>> ensemble = ranking_ensemble("out/workflow", "out/model", label_columns=["click"])  # doctest: +SKIP
     >>> scores = ensemble.transform(raw_rows)  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 
@@ -23,7 +27,9 @@ def load_model(path: str):
     import merlin_models_de.outputs.tied  # noqa: F401
     import merlin_models_de.outputs.topk  # noqa: F401
 
-    return tf.keras.models.load_model(str(path))
+    # the package saves an uncompiled copy: compile=False, or Keras warns that it found no
+    # training configuration (compile the model to train it further)
+    return tf.keras.models.load_model(str(path), compile=False)
 
 
 def load_workflow(workflow):
@@ -41,17 +47,57 @@ def serving_workflow(workflow, label_columns=()):
     return workflow.remove_inputs(present) if present else workflow
 
 
-def ranking_ensemble(workflow, model_path: str, label_columns=()):
-    """``TransformWorkflow(workflow) >> PredictTensorflow(model_path)`` as an ``Ensemble``
-    whose input is the raw columns the workflow reads (labels removed)."""
-    from merlin.systems.dag import Ensemble
+def workflow_and_model(workflow, model_path: str, label_columns=()):
+    """``(node, workflow)``: the raw columns the workflow reads (labels removed)
+    ``>> TransformWorkflow(workflow) >> ModelInputs >> PredictTensorflow(model_path)``,
+    and that workflow. ``ModelInputs`` hands the model its signature's columns in its
+    dtypes, so the workflow is served as it was fitted (float64 continuous columns, lists
+    empty in every row, columns the model does not take)."""
     from merlin.systems.dag.ops.tensorflow import PredictTensorflow
     from merlin.systems.dag.ops.workflow import TransformWorkflow
 
+    from merlin_models_de.serving.model_inputs import ModelInputs
+
     workflow = serving_workflow(workflow, label_columns)
-    ops = (workflow.input_schema.column_names >> TransformWorkflow(workflow)
-           >> PredictTensorflow(str(model_path)))
-    return Ensemble(ops, workflow.input_schema)
+    predict = PredictTensorflow(str(model_path))
+    node = (
+        workflow.input_schema.column_names
+        >> TransformWorkflow(workflow)
+        >> ModelInputs.of(predict)
+        >> predict
+    )
+    return node, workflow
+
+
+def checked_ensemble(node, workflow):
+    """The ``Ensemble`` of ``node`` whose input is ``workflow``'s, checking every request
+    against the workflow's input schema first (:mod:`.request`)."""
+    from merlin_models_de.serving.request import CheckedEnsemble
+
+    return CheckedEnsemble(node, workflow.input_schema, encoded_columns(workflow))
+
+
+def encoded_columns(workflow) -> list:
+    """The raw columns ``workflow`` encodes with ``Categorify`` (directly, as read)."""
+    from merlin.dag.node import iter_nodes
+    from nvtabular.ops import Categorify
+
+    read = set(workflow.input_schema.column_names)
+    return sorted(
+        {
+            name
+            for node in iter_nodes([workflow.output_node])
+            if isinstance(node.op, Categorify)
+            for name in node.input_schema.column_names
+            if name in read
+        }
+    )
+
+
+def ranking_ensemble(workflow, model_path: str, label_columns=()):
+    """An ``Ensemble`` from raw rows to the model's predictions (:func:`workflow_and_model`)
+    that checks every request against the workflow's input schema first."""
+    return checked_ensemble(*workflow_and_model(workflow, model_path, label_columns))
 
 
 def column_array(output, name: str):
@@ -67,4 +113,13 @@ def column_array(output, name: str):
     return values
 
 
-__all__ = ["column_array", "load_model", "load_workflow", "serving_workflow", "ranking_ensemble"]
+__all__ = [
+    "checked_ensemble",
+    "column_array",
+    "encoded_columns",
+    "load_model",
+    "load_workflow",
+    "ranking_ensemble",
+    "serving_workflow",
+    "workflow_and_model",
+]

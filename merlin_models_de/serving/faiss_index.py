@@ -14,6 +14,7 @@ to trade recall for speed.
 Example:
     >>> build_faiss_index("tables/item_id", "items.faiss")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,13 @@ import os
 import numpy as np
 
 
-def build_faiss_index(table_dir: str, index_path: str, batch_rows: int = 65536,
-                      factory: str = "Flat", train_rows: int = 262144) -> int:
+def build_faiss_index(
+    table_dir: str,
+    index_path: str,
+    batch_rows: int = 65536,
+    factory: str = "Flat",
+    train_rows: int = 262144,
+) -> int:
     """Writes a Faiss inner-product index of the table in ``table_dir`` to ``index_path``;
     returns the number of rows added (the table's rows)."""
     import faiss
@@ -33,19 +39,22 @@ def build_faiss_index(table_dir: str, index_path: str, batch_rows: int = 65536,
     rows, dim = manifest["rows"], manifest["dim"]
     index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
     if not index.is_trained:
-        sample = np.concatenate([v for _, v in _first_rows(iter_table(table_dir, batch_rows),
-                                                           min(train_rows, rows))])
+        sample = np.concatenate(
+            [v for _, v in _first_rows(iter_table(table_dir, batch_rows), min(train_rows, rows))]
+        )
         index.train(np.ascontiguousarray(sample, np.float32))
     added = 0
     for first, vectors in iter_table(table_dir, batch_rows):
         if first != added:
-            raise ValueError(f"Table {table_dir!r} read out of order: batch at row {first}, "
-                             f"expected {added}")
+            raise ValueError(
+                f"Table {table_dir!r} read out of order: batch at row {first}, " f"expected {added}"
+            )
         index.add(np.ascontiguousarray(vectors, np.float32))
         added += len(vectors)
     if added != rows:
-        raise ValueError(f"Table {table_dir!r} has {rows} rows in its manifest but {added} "
-                         "were read")
+        raise ValueError(
+            f"Table {table_dir!r} has {rows} rows in its manifest but {added} " "were read"
+        )
     os.makedirs(os.path.dirname(os.path.abspath(index_path)), exist_ok=True)
     faiss.write_index(index, index_path)
     return added

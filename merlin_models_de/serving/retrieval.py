@@ -14,11 +14,12 @@ Example (one process, no Horovod):
     >>> ensemble = retrieval_ensemble("out/workflow", "out/query", "out/items.faiss", k=10)  # doctest: +SKIP
     >>> ids = ensemble.transform(raw_events)["candidate_ids"]  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
 
-from merlin_models_de.serving.ensemble import load_workflow, serving_workflow
+from merlin_models_de.serving.ensemble import checked_ensemble, load_workflow, workflow_and_model
 
 QUERY_OUTPUT = "query"
 
@@ -41,8 +42,11 @@ class QueryTower(tf.Module):
         from merlin.models.tf.utils.tf_utils import call_layer
 
         wanted = set(self.model.schema.column_names)
-        inputs = {k: v for k, v in inputs.items()
-                  if k.replace("__values", "").replace("__offsets", "") in wanted}
+        inputs = {
+            k: v
+            for k, v in inputs.items()
+            if k.replace("__values", "").replace("__offsets", "") in wanted
+        }
         outputs = self.prepare(inputs)
         for block in self.body:
             outputs = call_layer(block, outputs, features=outputs)
@@ -51,7 +55,8 @@ class QueryTower(tf.Module):
 
 def _input_signature(schema, offsets_dtype=tf.int64):
     """TensorSpecs of the schema's input columns as Merlin Systems passes them: list
-    columns as ``__values`` / ``__offsets``, scalars as ``[batch, 1]``."""
+    columns as ``__values`` / ``__offsets``, scalars as ``[batch]`` (as in the signature
+    ``model.save`` writes)."""
     from merlin.schema import Tags
 
     specs = {}
@@ -59,10 +64,11 @@ def _input_signature(schema, offsets_dtype=tf.int64):
         dtype = tf.as_dtype(col.dtype.to_numpy)
         if col.is_list:
             specs[f"{col.name}__values"] = tf.TensorSpec([None], dtype, f"{col.name}__values")
-            specs[f"{col.name}__offsets"] = tf.TensorSpec([None], offsets_dtype,
-                                                          f"{col.name}__offsets")
+            specs[f"{col.name}__offsets"] = tf.TensorSpec(
+                [None], offsets_dtype, f"{col.name}__offsets"
+            )
         else:
-            specs[col.name] = tf.TensorSpec([None, 1], dtype, col.name)
+            specs[col.name] = tf.TensorSpec([None], dtype, col.name)
     return specs
 
 
@@ -70,8 +76,8 @@ def save_query_model(model, path: str, workflow=None) -> str:
     """Saves the query side of ``model`` (one process; a trained model whose last block is
     an output tied to the item table) as a SavedModel with a ``serving_default`` signature
     that Merlin Systems' ``PredictTensorflow`` and Triton's TensorFlow backend read. Its
-    inputs: the columns ``workflow`` writes (what the ensemble feeds it), else the model's
-    own."""
+    inputs: the columns ``workflow`` writes (the tower ignores those the model does not
+    read), else the model's own (the ensemble's ``ModelInputs`` drops the others)."""
     schema = load_workflow(workflow).output_schema if workflow is not None else model.schema
 
     class Tower(QueryTower):
@@ -83,19 +89,15 @@ def save_query_model(model, path: str, workflow=None) -> str:
     return str(path)
 
 
-def retrieval_ensemble(workflow, query_path: str, index_path: str, k: int = 10,
-                       label_columns=()):
-    """``TransformWorkflow(workflow) >> PredictTensorflow(query) >> QueryFaiss(index, k)``:
-    raw session rows in, ``candidate_ids`` (the top-k item ids per session) out."""
-    from merlin.systems.dag import Ensemble
+def retrieval_ensemble(workflow, query_path: str, index_path: str, k: int = 10, label_columns=()):
+    """``TransformWorkflow(workflow) >> ModelInputs >> PredictTensorflow(query) >>
+    QueryFaiss(index, k)`` (:func:`.ensemble.workflow_and_model`): raw session rows in,
+    ``candidate_ids`` (the top-k item ids per session) out; every request is checked
+    against the workflow's input schema first (:mod:`.request`)."""
     from merlin.systems.dag.ops.faiss import QueryFaiss
-    from merlin.systems.dag.ops.tensorflow import PredictTensorflow
-    from merlin.systems.dag.ops.workflow import TransformWorkflow
 
-    workflow = serving_workflow(workflow, label_columns)
-    ops = (workflow.input_schema.column_names >> TransformWorkflow(workflow)
-           >> PredictTensorflow(str(query_path)) >> QueryFaiss(str(index_path), topk=k))
-    return Ensemble(ops, workflow.input_schema)
+    node, workflow = workflow_and_model(workflow, query_path, label_columns)
+    return checked_ensemble(node >> QueryFaiss(str(index_path), topk=k), workflow)
 
 
 __all__ = ["QueryTower", "save_query_model", "retrieval_ensemble", "QUERY_OUTPUT"]
