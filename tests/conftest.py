@@ -1,4 +1,5 @@
-"""The two test tiers, for every suite under tests/ (unit, horovod, multi-host).
+"""The two test tiers, for every suite under tests/ (unit, ranks, multi-host), and the fixtures
+the suites share.
 
 CI (`bash ci/test.sh`) runs the CI tier; `bash ci/test.sh --full` (MMDE_FULL=1) runs every test.
 A test marked ``full`` repeats, on another parametrization or a bigger setup, what a CI-tier
@@ -6,14 +7,22 @@ test of the same behaviour already checks; each parameter value a test takes is 
 the CI tier at least once. The tier exists because CI has one budget (60 minutes on 2 cores)
 and the whole suite takes longer; the deselected count is printed so nothing leaves silently.
 """
+
 import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+warnings.filterwarnings("ignore")
 
 FULL = os.environ.get("MMDE_FULL", "") == "1"
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "full: runs only in the full tier (MMDE_FULL=1, `bash ci/test.sh --full`)")
+        "markers", "full: runs only in the full tier (MMDE_FULL=1, `bash ci/test.sh --full`)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,5 +48,22 @@ def pytest_runtest_logreport(report):
 
     who = f"r{os.environ.get('HOROVOD_RANK', '-')}/{os.environ.get('PYTEST_XDIST_WORKER', '-')}"
     with open(_TIMES, "a", encoding="utf-8") as out:
-        out.write(f"{report.duration:8.2f} {who} {report.when} {report.nodeid} "
-                  f"{time.strftime('%H:%M:%S')} {report.outcome}\n")
+        out.write(
+            f"{report.duration:8.2f} {who} {report.when} {report.nodeid} "
+            f"{time.strftime('%H:%M:%S')} {report.outcome}\n"
+        )
+
+
+@pytest.fixture(scope="session")
+def synthetic_schema():
+    """Merlin's synthetic schema by name, loaded once per session."""
+    from merlin_models_de.schemas import synthetic_schema as load
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = load(name)
+        return cache[name]
+
+    return get

@@ -8,6 +8,7 @@ here skips with the reason.
 Every job runs under `timeout`, and each rank under a watchdog (jobs/watchdog.py) that names
 its rank and host when it is stuck.
 """
+
 import atexit
 import os
 import pathlib
@@ -24,12 +25,13 @@ HOSTS = 3
 IFACE = "mmde0"
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 # horovodrun whose servers listen on --network-interface only (the jobs' launcher)
-LAUNCH = [sys.executable, "-m", "merlin_models_de.apps.launch"]
+LAUNCH = [sys.executable, "-m", "merlin_models_de.apps.tools.launch"]
 
 
 def netns(*args, timeout=60, check=True):
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True,
-                          timeout=timeout, check=check)
+    return subprocess.run(
+        ["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout, check=check
+    )
 
 
 def _down(*_):
@@ -54,20 +56,40 @@ def hosts():
 
 
 class Job:
-    """A job started in h1 by horovodrun (through merlin_models_de.apps.launch: its servers
+    """A job started in h1 by horovodrun (through merlin_models_de.apps.tools.launch: its servers
     bound to the hosts' interface) (Popen), its output collected in a file (no
     ``hosts_arg``: an elastic job, its hosts from ``--host-discovery-script`` in ``extra``)."""
 
     def __init__(self, hosts_arg, np, argv, log, timeout, extra=(), env=None, iface=IFACE):
         self.log_path, self.timeout = log, timeout
-        cmd = ["bash", SCRIPT, "run", "h1", "timeout", "--kill-after=10", str(timeout),
-               *LAUNCH, "--gloo", "-np", str(np), *(["-H", hosts_arg] if hosts_arg else []),
-               "--network-interface", iface, *extra, sys.executable, *argv]
+        cmd = [
+            "bash",
+            SCRIPT,
+            "run",
+            "h1",
+            "timeout",
+            "--kill-after=10",
+            str(timeout),
+            *LAUNCH,
+            "--gloo",
+            "-np",
+            str(np),
+            *(["-H", hosts_arg] if hosts_arg else []),
+            "--network-interface",
+            iface,
+            *extra,
+            sys.executable,
+            *argv,
+        ]
         self.log = open(log, "w", encoding="utf-8")
         self.start = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env=dict(os.environ, PYTHONWARNINGS="ignore",
-                                              TF_CPP_MIN_LOG_LEVEL="3", **(env or {})))
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", **(env or {})),
+        )
 
     def wait_for(self, ready, what):
         """Waits until ``ready()`` holds while the job runs (at most 300 s)."""

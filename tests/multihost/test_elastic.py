@@ -6,6 +6,7 @@ next reset takes it in, the model is rebuilt for 2 ranks from the commit of step
 run ends on both hosts. Oracle: one process restored from the same
 commit and fed the same global batches gives the same losses, and at the end the same
 tables and dense weights."""
+
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.multihost.conftest import Job, netns
-from tests.multihost.jobs.elastic_job import G, STEPS, build_for, custom_step
+from tests.multihost.jobs.elastic_job import STEPS, G, build_for, custom_step
 
 # a failed host is blacklisted for 2 s (Horovod's default: for good, it never comes back)
 COOLDOWN = ["--blacklist-cooldown-range", "1", "2"]
@@ -29,15 +30,22 @@ def _discovery(tmp_path, hosts):
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {listed}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return listed, ["--min-np", "1", "--max-np", str(len(hosts)),
-                    "--host-discovery-script", str(script), *COOLDOWN]
+    return listed, [
+        "--min-np",
+        "1",
+        "--max-np",
+        str(len(hosts)),
+        "--host-discovery-script",
+        str(script),
+        *COOLDOWN,
+    ]
 
 
 def _one_process_from(commit_dir, name, x, y, loop, done, last):
     """One process restored from the commit ``name`` (of step ``done``) and fed the global
     batches of steps done+1..last: its losses and the model."""
     from merlin_models_de.persistence.checkpoint import restore_checkpoint
-    from tests.unit.horovod import fit_common as fc
+    from tests.ranks import oracle_dlrm as fc
 
     oracle = commit_dir.parent / f"oracle-{name}"
     oracle.mkdir()
@@ -48,27 +56,48 @@ def _one_process_from(commit_dir, name, x, y, loop, done, last):
     if loop == "fit":
         recorder = fc.LossRecorder()
         rows = slice(done * G, last * G)
-        model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=G, epochs=1,
-                  shuffle=False, verbose=0, callbacks=[recorder])
+        model.fit(
+            {k: v[rows] for k, v in x.items()},
+            y[rows],
+            batch_size=G,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[recorder],
+        )
         return recorder.losses, model
-    return [custom_step(model, fc.take(x, s * G, (s + 1) * G), y[s * G:(s + 1) * G])
-            for s in range(done, last)], model
+    return [
+        custom_step(model, fc.take(x, s * G, (s + 1) * G), y[s * G : (s + 1) * G])
+        for s in range(done, last)
+    ], model
 
 
-@pytest.mark.parametrize("loop,how", [  # Keras fit, and a custom loop of gradient tapes
-    ("fit", "kill"), pytest.param("custom", "kill", marks=pytest.mark.full), ("fit", "drop")])
+@pytest.mark.parametrize(
+    "loop,how",
+    [  # Keras fit, and a custom loop of gradient tapes
+        ("fit", "kill"),
+        pytest.param("custom", "kill", marks=pytest.mark.full),
+        ("fit", "drop"),
+    ],
+)
 def test_a_lost_host_resumes_on_the_rest_and_is_taken_back(hosts, tmp_path, loop, how):
     """how: "kill" (every process of h2 killed mid-step: a failed collective, h2 blacklisted
     for the cooldown) or "drop" (h2 leaves the host list alive: the commit's host check,
     after which Horovod resets without a sync)."""
-    from tests.unit.horovod import fit_common as fc
+    from tests.ranks import oracle_dlrm as fc
 
     data = fc.make_data(G * STEPS, seed=7)
     src = str(tmp_path / "data.npz")
     np.savez(src, **data)
     listed, elastic = _discovery(tmp_path, ["h1", "h2"])
-    job = Job(None, 2, ["-m", "tests.multihost.jobs.elastic_job", src, str(tmp_path), loop, how],
-              str(tmp_path / "job.log"), timeout=500, extra=elastic)
+    job = Job(
+        None,
+        2,
+        ["-m", "tests.multihost.jobs.elastic_job", src, str(tmp_path), loop, how],
+        str(tmp_path / "job.log"),
+        timeout=500,
+        extra=elastic,
+    )
     try:
         job.wait_for((tmp_path / "ready").exists, "the step h2 leaves at")
         # the launcher's rendezvous and driver, and each worker's notification service,
@@ -92,14 +121,18 @@ def test_a_lost_host_resumes_on_the_rest_and_is_taken_back(hosts, tmp_path, loop
         assert netns("up", "3").returncode == 0
     assert job.code == 0, job.output[-5000:]
     for host, table in listening.items():
-        wildcard = [l for l in table.splitlines()[1:] if re.search(r"\s(0\.0\.0\.0|\*|\[::\]):\d+\s", l)]
+        wildcard = [
+            l for l in table.splitlines()[1:] if re.search(r"\s(0\.0\.0\.0|\*|\[::\]):\d+\s", l)
+        ]
         assert wildcard == [], (host, table)
         assert "python" in table, (host, table)  # the services are there, bound
     got = dict(np.load(tmp_path / "elastic.npz"))
     starts = json.loads(str(got["starts"]))
     commits = json.loads(str(got["commits"]))
-    print(f"elastic ({loop}, {how}): h2 gone to step 9 alone {recovered:.1f} s, h2 back to the end "
-          f"{rejoined:.1f} s; starts {starts}; commits (step, s) {commits}")
+    print(
+        f"elastic ({loop}, {how}): h2 gone to step 9 alone {recovered:.1f} s, h2 back to the end "
+        f"{rejoined:.1f} s; starts {starts}; commits (step, s) {commits}"
+    )
     assert [s[:2] for s in starts] == [[0, 2], [4, 1], [8, 2]], starts
     steps, worlds = list(got["steps"]), list(got["worlds"])
     assert steps == list(range(1, STEPS + 1)), steps
@@ -121,13 +154,50 @@ def test_a_lost_host_resumes_on_the_rest_and_is_taken_back(hosts, tmp_path, loop
 # each command with the steps an epoch takes on the one rank left
 COMMANDS = {
     # 20000 rows in batches of 32
-    "dlrm": (["-m", "merlin_models_de.apps.dlrm", "--elastic", "--rows", "20000",
-              "--batch-size", "32", "--max-table-rows", "1000", "--dim", "8",
-              "--bottom-mlp", "16", "--top-mlp", "16", "--quiet"], 625),
+    "dlrm": (
+        [
+            "-m",
+            "merlin_models_de.apps.dlrm",
+            "--elastic",
+            "--rows",
+            "20000",
+            "--batch-size",
+            "32",
+            "--max-table-rows",
+            "1000",
+            "--dim",
+            "8",
+            "--bottom-mlp",
+            "16",
+            "--top-mlp",
+            "16",
+            "--quiet",
+        ],
+        625,
+    ),
     # 6400 sessions in batches of 32; the item table row-sliced on 2 ranks, whole on 1
-    "next_item": (["-m", "merlin_models_de.apps.next_item", "--elastic", "--items", "2000",
-                   "--dim", "8", "--mlp", "16", "--sessions", "6400", "--valid-sessions",
-                   "256", "--batch-size", "32", "--epochs", "1"], 200),
+    "next_item": (
+        [
+            "-m",
+            "merlin_models_de.apps.next_item",
+            "--elastic",
+            "--items",
+            "2000",
+            "--dim",
+            "8",
+            "--mlp",
+            "16",
+            "--sessions",
+            "6400",
+            "--valid-sessions",
+            "256",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "1",
+        ],
+        200,
+    ),
 }
 
 
@@ -139,11 +209,19 @@ def test_the_commands_go_on_after_a_lost_host(hosts, tmp_path, command):
     argv, steps = COMMANDS[command]
     listed, elastic = _discovery(tmp_path, ["h1", "h2"])
     ckpt = tmp_path / "ckpt"
-    job = Job(None, 2, [*argv, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"],
-              str(tmp_path / "job.log"), timeout=500, extra=elastic)
+    job = Job(
+        None,
+        2,
+        [*argv, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"],
+        str(tmp_path / "job.log"),
+        timeout=500,
+        extra=elastic,
+    )
     try:
-        job.wait_for(lambda: ckpt.exists() and any(n.endswith("00040") for n in os.listdir(ckpt)),
-                     "a commit at step 40")
+        job.wait_for(
+            lambda: ckpt.exists() and any(n.endswith("00040") for n in os.listdir(ckpt)),
+            "a commit at step 40",
+        )
         listed.write_text("h1:1\n")
         netns("kill", "h2")
         job.wait()
@@ -167,17 +245,18 @@ def test_the_commands_go_on_after_a_lost_host(hosts, tmp_path, command):
 
 
 def test_elastic_needs_a_checkpoint_directory_and_a_commit_interval(capsys):
-    from merlin_models_de.apps import dlrm
+    from merlin_models_de.apps.dlrm.__main__ import main as dlrm_main
+    from merlin_models_de.apps.next_item.__main__ import main as next_item_main
 
-    assert dlrm.main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
+    assert dlrm_main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(
         "--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
-        "Received: --checkpoint-dir='ckpt' --checkpoint-every=None"), err
-    from merlin_models_de.apps import next_item
-
-    assert next_item.main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
+        "Received: --checkpoint-dir='ckpt' --checkpoint-every=None"
+    ), err
+    assert next_item_main(["--elastic", "--checkpoint-dir", "ckpt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(
         "--elastic needs --checkpoint-dir and --checkpoint-every (its commits). "
-        "Received: --checkpoint-dir='ckpt' --checkpoint-every=None"), err
+        "Received: --checkpoint-dir='ckpt' --checkpoint-every=None"
+    ), err

@@ -3,8 +3,8 @@
 same global batches; its sharded checkpoint written on 2 hosts restores in one process, and
 one written by one process restores on 2 hosts. The next-item command on 2 hosts ends where one
 process does (the DLRM command runs on 2 hosts in test_elastic.py)."""
+
 import json
-import os
 import subprocess
 import sys
 
@@ -19,30 +19,41 @@ JOB = ["-m", "tests.multihost.jobs.fit_job"]
 
 
 def _reference(tmp, spec):
-    """The one-process oracle (tests/unit/horovod/fit_reference) on fresh data."""
-    from tests.unit.horovod import fit_common as fc
+    """The one-process oracle (tests/ranks/fit_reference) on fresh data."""
+    from tests.ranks import oracle_dlrm as fc
 
     src, ref = str(tmp / "in.npz"), str(tmp / "ref.npz")
-    np.savez(src, spec=json.dumps(spec),
-             **fc.make_data(spec["world_size"] * PER_RANK * STEPS, seed=5))
-    run = subprocess.run([sys.executable, "-m", "tests.unit.horovod.fit_reference", src, ref],
-                         capture_output=True, text=True, timeout=300)
+    np.savez(
+        src, spec=json.dumps(spec), **fc.make_data(spec["world_size"] * PER_RANK * STEPS, seed=5)
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.ranks.fit_reference", src, ref],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return src, ref, dict(np.load(ref, allow_pickle=True))
 
 
 def _assert_equal(got, want, prefix=""):
     keys = [k for k in got if k.startswith(("dense/", "table/"))]
-    assert keys and len(keys) == len([k for k in want if k.startswith(prefix + "dense/")
-                                      or k.startswith(prefix + "table/")])
+    assert keys and len(keys) == len(
+        [k for k in want if k.startswith(prefix + "dense/") or k.startswith(prefix + "table/")]
+    )
     for key in keys:
-        np.testing.assert_allclose(got[key], want[prefix + key], rtol=1e-4, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(got[key], want[prefix + key], rtol=1e-4, atol=1e-5, err_msg=key)
 
 
 def _fit_job(tmp, hosts_arg, ranks):
-    spec = dict(optimizer="adagrad", lr=0.05, strategy="memory_balanced", column=4000,
-                world_size=ranks, per_rank=PER_RANK)
+    spec = dict(
+        optimizer="adagrad",
+        lr=0.05,
+        strategy="memory_balanced",
+        column=4000,
+        world_size=ranks,
+        per_rank=PER_RANK,
+    )
     src, ref_path, ref = _reference(tmp, spec)
     job = horovodrun(hosts_arg, ranks, [*JOB, src, ref_path, str(tmp)], tmp)
     assert job.code == 0, job.output[-4000:]
@@ -58,8 +69,9 @@ def two_by_one(hosts, tmp_path_factory):
     return (tmp, *_fit_job(tmp, "h1:1,h2:1", 2))
 
 
-@pytest.mark.parametrize("hosts_arg, ranks", [
-    ("h1:1,h2:1", 2), pytest.param("h1:2,h2:2", 4, marks=pytest.mark.full)])  # 4: ~100 s
+@pytest.mark.parametrize(
+    "hosts_arg, ranks", [("h1:1,h2:1", 2), pytest.param("h1:2,h2:2", 4, marks=pytest.mark.full)]
+)  # 4: ~100 s
 def test_fit_on_two_hosts_equals_one_process(hosts, request, tmp_path, hosts_arg, ranks):
     if ranks == 2:
         tmp_path, _, _, ref = request.getfixturevalue("two_by_one")
@@ -75,7 +87,7 @@ def test_fit_on_two_hosts_equals_one_process(hosts, request, tmp_path, hosts_arg
 def test_checkpoints_move_between_two_hosts_and_one_process(two_by_one, tmp_path):
     from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
     from merlin_models_de.variables import embedding_blocks
-    from tests.unit.horovod import fit_common as fc
+    from tests.ranks import oracle_dlrm as fc
 
     written_dir, spec, src, _ = two_by_one
     written = dict(np.load(written_dir / "final.npz"))
@@ -105,8 +117,23 @@ def test_checkpoints_move_between_two_hosts_and_one_process(two_by_one, tmp_path
     _assert_equal(restored, mine)
 
 
-NEXT_ITEM = ["-m", "merlin_models_de.apps.next_item", "--items", "2000", "--dim", "8", "--mlp",
-             "16", "--sessions", "1024", "--valid-sessions", "256", "--epochs", "1", "--quiet"]
+NEXT_ITEM = [
+    "-m",
+    "merlin_models_de.apps.next_item",
+    "--items",
+    "2000",
+    "--dim",
+    "8",
+    "--mlp",
+    "16",
+    "--sessions",
+    "1024",
+    "--valid-sessions",
+    "256",
+    "--epochs",
+    "1",
+    "--quiet",
+]
 
 
 @pytest.mark.full  # ~2 min: two runs of the command
@@ -118,8 +145,13 @@ def test_the_next_item_command_on_two_hosts_equals_two_ranks_on_one_host(hosts, 
     reports = {}
     # (ranks all on one host: horovodrun wants the loopback interface)
     for name, hosts_arg, iface in (("two_hosts", "h1:1,h2:1", IFACE), ("one_host", "h1:2", "lo")):
-        job = horovodrun(hosts_arg, 2, [*NEXT_ITEM, "--batch-size", "64", "--report",
-                                        str(tmp_path / f"{name}.json")], tmp_path, iface=iface)
+        job = horovodrun(
+            hosts_arg,
+            2,
+            [*NEXT_ITEM, "--batch-size", "64", "--report", str(tmp_path / f"{name}.json")],
+            tmp_path,
+            iface=iface,
+        )
         assert job.code == 0, job.output[-4000:]
         reports[name] = json.loads((tmp_path / f"{name}.json").read_text())
     got, want = reports["two_hosts"], reports["one_host"]
@@ -127,5 +159,6 @@ def test_the_next_item_command_on_two_hosts_equals_two_ranks_on_one_host(hosts, 
     assert got["item_table_kind"] == want["item_table_kind"] == "ROW_WISE"
     np.testing.assert_allclose(got["final_loss"], want["final_loss"], rtol=1e-6)
     for metric in ("loss", "recall_at_10", "ndcg_at_10"):
-        np.testing.assert_allclose(got["val"][metric], want["val"][metric], rtol=1e-6,
-                                   err_msg=metric)
+        np.testing.assert_allclose(
+            got["val"][metric], want["val"][metric], rtol=1e-6, err_msg=metric
+        )

@@ -11,6 +11,7 @@ selected test built at least one block (else it does not test the swap; a test m
 ``# no block: <reason>`` in its selection file is exempt). Exit code 1 when a
 check fails; pytest's own exit code decides pass/fail of the tests.
 """
+
 import collections
 import glob
 import json
@@ -23,8 +24,11 @@ OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 
 def ids_of(path):
     with open(path) as f:
-        return [line.split("#", 1)[0].split("|", 1)[0].strip() for line in f
-                if line.split("#", 1)[0].strip()]
+        return [
+            line.split("#", 1)[0].split("|", 1)[0].strip()
+            for line in f
+            if line.split("#", 1)[0].strip()
+        ]
 
 
 NO_BLOCK = "# no block:"  # a selected test that builds no Embeddings block, with the reason
@@ -41,7 +45,7 @@ def load(out, tag):
     """``{rank label: {node id: record}}``; the call record wins over setup/teardown ones."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(out, f"{tag}*.results.jsonl"))):
-        label = path[len(os.path.join(out, tag)):-len(".results.jsonl")].lstrip(".")
+        label = path[len(os.path.join(out, tag)) : -len(".results.jsonl")].lstrip(".")
         label = re.sub(r"\.?gw\d+$", "", label) or "-"  # pytest-xdist workers: one run
         recs = runs.setdefault(label, {})
         with open(path) as f:
@@ -67,13 +71,16 @@ def main(out, tag, selection):
         print(f"  {'file':48s} " + " ".join(f"{o:>7s}" for o in OUTCOMES))
         total = collections.Counter()
         for fname in files:
-            c = collections.Counter(recs[t]["outcome"] for t in selected
-                                    if t.split("::")[0] == fname and t in recs)
+            c = collections.Counter(
+                recs[t]["outcome"] for t in selected if t.split("::")[0] == fname and t in recs
+            )
             total.update(c)
             short = fname.replace("tests/unit/tf/", "")
             print(f"  {short:48s} " + " ".join(f"{c[o]:7d}" for o in OUTCOMES))
-        print(f"  {'total (' + str(len(selected)) + ' selected)':48s} "
-              + " ".join(f"{total[o]:7d}" for o in OUTCOMES))
+        print(
+            f"  {'total (' + str(len(selected)) + ' selected)':48s} "
+            + " ".join(f"{total[o]:7d}" for o in OUTCOMES)
+        )
         for t in selected:
             rec = recs.get(t)
             if rec is None:
@@ -82,8 +89,12 @@ def main(out, tag, selection):
                 print(f"  FAILED {t}: {rec.get('error', '')}")
             elif rec["outcome"] == "xpassed":
                 print(f"  XPASS  {t} (passes now: remove it from the xfail list)")
-            if (rec is not None and rec["outcome"] == "passed" and rec.get("built", 1) == 0
-                    and t not in no_block):
+            if (
+                rec is not None
+                and rec["outcome"] == "passed"
+                and rec.get("built", 1) == 0
+                and t not in no_block
+            ):
                 problems.append(f"rank {label}: {t} passed without building an Embeddings block")
     labels = list(runs)
     for t in selected:
@@ -101,7 +112,9 @@ def check_lists(xfail, *selections):
     selected = set()
     for path in selections:
         ids = ids_of(path)
-        problems += [f"{path}: {t} listed twice" for t, n in collections.Counter(ids).items() if n > 1]
+        problems += [
+            f"{path}: {t} listed twice" for t, n in collections.Counter(ids).items() if n > 1
+        ]
         selected.update(ids)
     problems += [f"{xfail}: {t} is in no selection" for t in ids_of(xfail) if t not in selected]
     for p in problems:

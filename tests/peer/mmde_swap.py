@@ -22,6 +22,7 @@ Under horovodrun with more than one rank, Merlin's ``Loader`` gets the README's 
 a dataset with fewer partitions than ranks is repartitioned to one per rank, and
 ``drop_last=True`` (Merlin's test datasets are one partition of 100 rows).
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -41,14 +42,17 @@ OUT = os.environ.get("MMDE_OUT")
 if not OUT:
     raise SystemExit("mmde_swap: set MMDE_OUT to the directory for the per-test records")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # pytest -n N: records per worker (gwK)
-STEM = os.path.join(OUT, os.environ.get("MMDE_TAG", "peer") + (f".rank{RANK}" if RANK else "")
-                    + (f".{WORKER}" if WORKER else ""))
+STEM = os.path.join(
+    OUT,
+    os.environ.get("MMDE_TAG", "peer")
+    + (f".rank{RANK}" if RANK else "")
+    + (f".{WORKER}" if WORKER else ""),
+)
 RESULTS, CURRENT = STEM + ".results.jsonl", STEM + ".current"
 TEST_TIMEOUT = float(os.environ.get("MMDE_TEST_TIMEOUT", "300"))
 os.makedirs(OUT, exist_ok=True)
 open(RESULTS, "w").close()
 
-import merlin_models_de  # noqa: E402,F401  registers mm.DistributedEmbeddings
 import merlin.models.tf as mm  # noqa: E402
 import merlin.models.tf.blocks.dlrm  # noqa: E402,F401  (modules that import the name
 import merlin.models.tf.blocks.interaction  # noqa: E402,F401  must be loaded before the patch)
@@ -56,6 +60,8 @@ import merlin.models.tf.models.ranking  # noqa: E402,F401
 from merlin.models.tf.inputs import base as _inputs_base  # noqa: E402
 from merlin.models.tf.inputs import embedding as _embedding  # noqa: E402
 from merlin.schema import Tags  # noqa: E402
+
+import merlin_models_de  # noqa: E402,F401  registers mm.DistributedEmbeddings
 
 ORIGINAL = _embedding.Embeddings
 _built = {"n": 0}  # blocks built by the running test: a selected test must build one
@@ -73,7 +79,7 @@ def Embeddings(schema, *args, **kwargs):  # noqa: N802  (Merlin's name)
 PATCHED = []
 for _name, _mod in sorted(sys.modules.items()):
     if _name.startswith("merlin.models.tf") and getattr(_mod, "Embeddings", None) is ORIGINAL:
-        setattr(_mod, "Embeddings", Embeddings)
+        _mod.Embeddings = Embeddings
         PATCHED.append(_name)
 # InputBlockV2's default categorical branch: its default argument is this same dict
 if _inputs_base.INPUT_TAG_TO_BLOCK.get(Tags.CATEGORICAL) is ORIGINAL:
@@ -120,8 +126,10 @@ def read_xfail(path):
                 continue
             parts = [p.strip() for p in line.split("|")]
             if len(parts) != 3 or parts[1] not in ("strict", "nonstrict") or not parts[2]:
-                raise pytest.UsageError(f"{path}:{lineno}: expected 'node id | strict|nonstrict "
-                                        f"| reason', got {line!r}")
+                raise pytest.UsageError(
+                    f"{path}:{lineno}: expected 'node id | strict|nonstrict "
+                    f"| reason', got {line!r}"
+                )
             known[parts[0]] = (parts[1] == "strict", parts[2])
     return known
 
@@ -138,8 +146,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_header(config):
-    return [f"mmde_swap: swap={MODE} rank={RANK or '-'} records={STEM}.*",
-            "mmde_swap patched Embeddings in: " + ", ".join(PATCHED)]
+    return [
+        f"mmde_swap: swap={MODE} rank={RANK or '-'} records={STEM}.*",
+        "mmde_swap patched Embeddings in: " + ", ".join(PATCHED),
+    ]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -163,8 +173,10 @@ def _watchdog(item, done):
     capman = item.config.pluginmanager.getplugin("capturemanager")
     if capman is not None:  # pytest holds fd 2; give it back so the report is seen
         capman.suspend_global_capture(in_=True)
-    sys.stderr.write(f"\n[peer] rank {RANK or '-'} stuck for {TEST_TIMEOUT:.0f}s in "
-                     f"{item.nodeid}; its stacks:\n")
+    sys.stderr.write(
+        f"\n[peer] rank {RANK or '-'} stuck for {TEST_TIMEOUT:.0f}s in "
+        f"{item.nodeid}; its stacks:\n"
+    )
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     sys.stderr.flush()
     os._exit(3)
@@ -189,9 +201,17 @@ def pytest_runtest_logreport(report):
         outcome = "error"
     else:
         outcome = report.outcome
-    rec = {"test": report.nodeid, "when": report.when, "outcome": outcome,
-           "duration": round(report.duration, 2), "built": _built["n"], "rank": RANK}
+    rec = {
+        "test": report.nodeid,
+        "when": report.when,
+        "outcome": outcome,
+        "duration": round(report.duration, 2),
+        "built": _built["n"],
+        "rank": RANK,
+    }
     if report.failed:
-        rec["error"] = report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+        rec["error"] = (
+            report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+        )
     with open(RESULTS, "a") as f:
         f.write(json.dumps(rec) + "\n")

@@ -1,9 +1,10 @@
-"""One of two jobs saving into the same checkpoint directory at once (test_checkpoint_writers).
+"""One of two jobs saving into the same checkpoint directory at once (test_checkpoint_lock).
 
 Usage: python tests/scripts/concurrent_saver.py DIRECTORY GO_FILE OUT_JSON SEED
 Builds the tiny test model, waits until GO_FILE exists (so both jobs start saving together),
 then saves 15 times with keep=2, and writes to OUT_JSON, per save, "ok" or the error.
 """
+
 import json
 import os
 import sys
@@ -26,7 +27,7 @@ def main(directory, go_file, out_json, seed):
         try:
             save_checkpoint(model, directory, step=step, keep=2)
             results.append("ok")
-        except Exception as exc:  # pylint: disable=broad-except  (reported to the test)
+        except Exception as exc:  # noqa: BLE001  (reported to the test)
             results.append(f"{type(exc).__name__}: {exc}")
     with open(out_json, "w", encoding="utf-8") as f:
         json.dump({"pid": os.getpid(), "results": results}, f)

@@ -3,6 +3,7 @@ optimizer step given first (after that step's checkpoint, if one is due).
 
 Usage: python tests/scripts/dlrm_killed.py STEP [DLRM options]
 """
+
 import os
 import signal
 import sys
@@ -16,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 def main(argv):
     import tensorflow as tf
 
-    from merlin_models_de.apps import dlrm
-    from merlin_models_de.apps.dlrm_run import run
+    from merlin_models_de.apps.common import dlrm_options
+    from merlin_models_de.apps.dlrm.run import run
 
     step = int(argv[0])
 
@@ -26,8 +27,8 @@ def main(argv):
             if int(self.model.optimizer.iterations.numpy()) == step:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    args = dlrm.parser().parse_args(argv[1:])
-    assert dlrm.check(args) is None, dlrm.check(args)
+    args = dlrm_options.parser().parse_args(argv[1:])
+    assert dlrm_options.check(args) is None, dlrm_options.check(args)
     run(args, STARTED, callbacks=[Die()])
 
 

@@ -1,5 +1,6 @@
 """Job for the fault test (run under horovodrun): trains with checkpoints every 2 steps,
 keeping the newest one only; rank 1 kills itself with SIGKILL at step 5, mid-epoch."""
+
 import os
 import signal
 import sys
@@ -11,7 +12,7 @@ sys.path.insert(0, os.getcwd())
 
 from merlin_models_de import comm
 from merlin_models_de.persistence.checkpoint import CheckpointCallback  # noqa: E402
-from tests.unit.horovod import fit_common as fc  # noqa: E402
+from tests.ranks import oracle_dlrm as fc  # noqa: E402
 
 
 class Die(tf.keras.callbacks.Callback):
@@ -22,10 +23,15 @@ class Die(tf.keras.callbacks.Callback):
 
 def main(directory):
     model, x, y, rows = fc.fault_job_model(10, comm)
-    model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=8, epochs=1,
-              shuffle=False, verbose=0,
-              callbacks=[CheckpointCallback(directory, every_n_steps=2, each_epoch=False, keep=1),
-                         Die()])
+    model.fit(
+        {k: v[rows] for k, v in x.items()},
+        y[rows],
+        batch_size=8,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[CheckpointCallback(directory, every_n_steps=2, each_epoch=False, keep=1), Die()],
+    )
     np.save(os.path.join(directory, "finished.npy"), np.array([1]))
 
 

@@ -1,8 +1,13 @@
-"""A small one-process model for the checkpoint tests: an embedding block and a dense head."""
+"""A small one-process model for the checkpoint tests: an embedding block and a dense head,
+and a checkpoint of it (the ``saved`` fixture: import it into a test module to use it)."""
+
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
+
+from merlin_models_de.persistence.checkpoint import save_checkpoint
 
 COLUMNS = ("a", "b", "c")
 ROWS = (50, 30, 10)
@@ -11,7 +16,7 @@ ROWS = (50, 30, 10)
 def schema(columns=COLUMNS, rows=ROWS):
     from merlin.schema import Schema
 
-    from tests.unit.helpers import cat
+    from tests.schemas import cat
 
     return Schema([cat(name, n - 1) for name, n in zip(columns, rows)])
 
@@ -60,5 +65,25 @@ def weights(model):
 
 def files_under(root):
     """Every file below ``root``, relative to it."""
-    return sorted(os.path.relpath(os.path.join(d, f), root)
-                  for d, _, files in os.walk(root) for f in files)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files
+    )
+
+
+def legacy_adagrad():
+    return tf.keras.optimizers.legacy.Adagrad(0.1)
+
+
+def ckpt_dirs(directory):
+    """The checkpoint directories in ``directory``, by name."""
+    return sorted(n for n in os.listdir(directory) if n.startswith("ckpt-"))
+
+
+@pytest.fixture(name="saved")
+def saved_checkpoint(tmp_path):
+    """(checkpoint directory, a trained compiled model saved there at step 4)."""
+    model = build(legacy_adagrad)
+    fit(model)
+    directory = str(tmp_path / "ckpt")
+    save_checkpoint(model, directory)
+    return directory, model

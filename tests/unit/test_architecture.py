@@ -1,6 +1,8 @@
 """The package's shape: folders in a layer order that imports follow (downwards only), no
-import cycles, the library never imports an application, Horovod is imported only by comm and
-compat, and unsupported versions fail with one clear message."""
+import cycles, the library never imports an application, a command never imports another
+command's folder, Horovod is imported only by comm and compat, and unsupported versions fail
+with one clear message."""
+
 import ast
 import os
 import pathlib
@@ -35,6 +37,8 @@ LAYERS = [
 ]
 # what may stay at the root: the small leaves of layer 0 and the public API
 ROOT_MODULES = {"__init__", "tables", "schemas", "variables", "comm"}
+# apps/: one folder per command (dlrm, next_item, bench, tools) and what they share
+SHARED_APPS = "common"
 
 
 def module_names():
@@ -60,10 +64,13 @@ def imports_of(name, path, known):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                                + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
-                       for a in node.names]
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
@@ -92,6 +99,28 @@ def is_app(name):
     return name == f"{PACKAGE}.apps" or name.startswith(f"{PACKAGE}.apps.")
 
 
+def apps_folder(name):
+    """The folder under apps/ that holds module ``name`` (``common``, ``dlrm``, ...); None for
+    apps' own __init__ and for the library's modules."""
+    parts = name.split(".")
+    return parts[2] if is_app(name) and len(parts) > 2 else None
+
+
+def crossing_imports(edges):
+    """``{module: [what it imports from another command's folder]}``: a command's folder
+    imports only itself, apps/common and the library; apps/common imports no command."""
+    out = {}
+    for name, deps in edges.items():
+        mine = apps_folder(name)
+        if mine is None:
+            continue
+        allowed = {None, SHARED_APPS, mine}
+        bad = sorted(d for d in deps if apps_folder(d) not in allowed)
+        if bad:
+            out[name] = bad
+    return out
+
+
 def layer_of(name):
     """The layer index of a package module (None for the package's own __init__)."""
     if name == PACKAGE:
@@ -108,7 +137,7 @@ def find_cycle(edges):
         stack.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -128,7 +157,7 @@ def find_cycle(edges):
 def test_the_graph_sees_lazy_imports():
     edges = graph()
     assert f"{PACKAGE}.persistence.export" in edges[f"{PACKAGE}.merlin.hooks"]
-    assert f"{PACKAGE}.apps.dlrm_run" in edges[f"{PACKAGE}.apps.dlrm"]  # imported in main()
+    assert f"{PACKAGE}.apps.dlrm.run" in edges[f"{PACKAGE}.apps.dlrm.__main__"]  # in main()
 
 
 def test_every_module_has_a_layer_and_the_root_holds_only_leaves():
@@ -176,9 +205,48 @@ def test_cycle_finder_finds_one():
 
 
 def test_library_never_imports_an_application():
-    bad = {m: sorted(d for d in deps if is_app(d))
-           for m, deps in graph().items() if not is_app(m)}
+    bad = {m: sorted(d for d in deps if is_app(d)) for m, deps in graph().items() if not is_app(m)}
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_every_app_sits_in_a_folder():
+    apps = ROOT / "apps"
+    stray = sorted(p.name for p in apps.glob("*.py") if p.name != "__init__.py")
+    assert stray == []
+    assert {p.parent.name for p in apps.glob("*/*.py")} >= {
+        SHARED_APPS,
+        "dlrm",
+        "next_item",
+        "bench",
+        "tools",
+    }
+
+
+def test_a_command_imports_only_its_own_folder_common_and_the_library():
+    assert crossing_imports(graph()) == {}
+
+
+def test_the_command_check_finds_a_crossing_import():
+    edges = graph()
+    run, epochs = f"{PACKAGE}.apps.next_item.run", f"{PACKAGE}.apps.common.epochs"
+    edges[run] = edges[run] | {f"{PACKAGE}.apps.dlrm.report"}
+    edges[epochs] = edges[epochs] | {f"{PACKAGE}.apps.bench.runs"}
+    assert crossing_imports(edges) == {
+        run: [f"{PACKAGE}.apps.dlrm.report"],
+        epochs: [f"{PACKAGE}.apps.bench.runs"],
+    }
+
+
+def test_every_console_script_names_a_command_main():
+    import importlib
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+    scripts = pyproject["project"]["scripts"]
+    assert set(scripts) == {"mmde-dlrm", "mmde-next-item", "mmde-plan", "mmde-bench"}
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        assert is_app(module) and callable(getattr(importlib.import_module(module), function)), name
 
 
 def test_variables_is_a_leaf():
@@ -186,17 +254,25 @@ def test_variables_is_a_leaf():
 
 
 def test_horovod_is_imported_only_by_comm_and_compat():
-    offenders = sorted(name for name, path in module_names().items()
-                       if any(m == "horovod" or m.startswith("horovod.")
-                              for m in external_imports(path))
-                       and name not in HOROVOD_IMPORTERS)
+    offenders = sorted(
+        name
+        for name, path in module_names().items()
+        if any(m == "horovod" or m.startswith("horovod.") for m in external_imports(path))
+        and name not in HOROVOD_IMPORTERS
+    )
     assert offenders == []
 
 
 def test_private_merlin_and_horovod_api_only_in_compat():
     # the private members this package touches; only compat may name them
-    private = ("_allreduce_grads", "_allreduce(", "_add_horovod_callbacks", "_create_all_weights",
-               "global_rank", "seed_fn")
+    private = (
+        "_allreduce_grads",
+        "_allreduce(",
+        "_add_horovod_callbacks",
+        "_create_all_weights",
+        "global_rank",
+        "seed_fn",
+    )
     # whole names only: the public grouped_allreduce( is not the private _allreduce(
     patterns = {p: re.compile(r"(?<![A-Za-z0-9_])" + re.escape(p)) for p in private}
     offenders = {}
@@ -222,28 +298,39 @@ def test_the_public_api_names_resolve_and_shadow_no_merlin_name():
 
     for name in merlin_models_de.__all__:
         assert getattr(merlin_models_de, name) is not None, name
-    clashes = sorted(n for n in merlin_models_de.__all__
-                     if hasattr(mm, n) and n != "DistributedEmbeddings")
+    clashes = sorted(
+        n for n in merlin_models_de.__all__ if hasattr(mm, n) and n != "DistributedEmbeddings"
+    )
     assert clashes == []
     assert mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings
 
 
 def test_supported_versions_pass():
-    compat.check_versions({"tensorflow": "2.12.1", "merlin-models": "23.8.0",
-                           "horovod": "0.28.1"})
+    compat.check_versions({"tensorflow": "2.12.1", "merlin-models": "23.8.0", "horovod": "0.28.1"})
     compat.check_versions({"tensorflow": "2.12.0", "merlin-models": "23.8.0", "horovod": None})
 
 
-@pytest.mark.parametrize("found, named", [
-    ({"tensorflow": "2.15.0", "merlin-models": "23.8.0", "horovod": "0.28.1"},
-     "tensorflow 2.15.0 (supported: 2.12.*)"),
-    ({"tensorflow": "2.12.1", "merlin-models": "23.4.0", "horovod": "0.28.1"},
-     "merlin-models 23.4.0 (supported: 23.8.*)"),
-    ({"tensorflow": "2.12.1", "merlin-models": "23.8.0", "horovod": "0.27.0"},
-     "horovod 0.27.0 (supported: 0.28.*)"),
-    ({"tensorflow": "2.12.1", "merlin-models": None, "horovod": "0.28.1"},
-     "merlin-models not installed"),
-])
+@pytest.mark.parametrize(
+    "found, named",
+    [
+        (
+            {"tensorflow": "2.15.0", "merlin-models": "23.8.0", "horovod": "0.28.1"},
+            "tensorflow 2.15.0 (supported: 2.12.*)",
+        ),
+        (
+            {"tensorflow": "2.12.1", "merlin-models": "23.4.0", "horovod": "0.28.1"},
+            "merlin-models 23.4.0 (supported: 23.8.*)",
+        ),
+        (
+            {"tensorflow": "2.12.1", "merlin-models": "23.8.0", "horovod": "0.27.0"},
+            "horovod 0.27.0 (supported: 0.28.*)",
+        ),
+        (
+            {"tensorflow": "2.12.1", "merlin-models": None, "horovod": "0.28.1"},
+            "merlin-models not installed",
+        ),
+    ],
+)
 def test_unsupported_versions_fail_with_what_was_found(found, named):
     with pytest.raises(compat.UnsupportedVersionError) as err:
         compat.check_versions(found)
@@ -266,10 +353,16 @@ except merlin_models_de.compat.UnsupportedVersionError as err:
 
 def test_the_block_refuses_an_unsupported_install_at_first_use():
     env = {k: v for k, v in os.environ.items() if k != compat.SKIP_ENV}
-    out = subprocess.run([sys.executable, "-c", FAKE_TF_VERSION], capture_output=True,
-                         text=True, timeout=300, env=dict(env, PYTHONWARNINGS="ignore"))
-    assert "REFUSED: merlin_models_de does not support the installed tensorflow 2.16.1" \
-        in out.stdout, out.stderr[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-c", FAKE_TF_VERSION],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(env, PYTHONWARNINGS="ignore"),
+    )
+    assert (
+        "REFUSED: merlin_models_de does not support the installed tensorflow 2.16.1" in out.stdout
+    ), out.stderr[-2000:]
 
 
 # modules that import merlin.models.tf, whose first import installs the hooks (registration):
@@ -278,14 +371,23 @@ FIRST_IMPORTS = ["outputs.topk", "outputs.tied", "block.handles", "block.layer",
 
 
 def test_any_module_can_be_the_first_import():
-    code = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
-            "import merlin.models.tf as mm, merlin_models_de; "
-            "assert mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings; "
-            "print('imported', sys.argv[1])")
+    code = (
+        "import importlib, sys; importlib.import_module(sys.argv[1]); "
+        "import merlin.models.tf as mm, merlin_models_de; "
+        "assert mm.DistributedEmbeddings is merlin_models_de.DistributedEmbeddings; "
+        "print('imported', sys.argv[1])"
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
-    runs = [subprocess.Popen([sys.executable, "-c", code, f"{PACKAGE}.{name}"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for name in FIRST_IMPORTS]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, f"{PACKAGE}.{name}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in FIRST_IMPORTS
+    ]
     failed = {}
     for name, run in zip(FIRST_IMPORTS, runs):
         out, err = run.communicate(timeout=600)

@@ -1,16 +1,20 @@
-"""The capacity search (python -m merlin_models_de.apps.capacity), the planner's memory model it
-checks, and the bench's plots."""
+"""The capacity search (python -m merlin_models_de.apps.bench.capacity), the planner's memory
+model it checks, and the bench's plots (its real runs: tests/commands/test_capacity.py)."""
+
 import json
 
-import psutil
 import pytest
 
-from merlin_models_de.apps import capacity
-from merlin_models_de.apps.plots import bench_png, capacity_png
-from merlin_models_de.apps.synthetic import capped_schema
+from merlin_models_de.apps.bench import capacity
+from merlin_models_de.apps.bench.plots import bench_png, capacity_png
+from merlin_models_de.apps.common.synthetic import capped_schema
 from merlin_models_de.planner import plan
-from merlin_models_de.planner.memory import (RUNTIME_BYTES, plan_peak_bytes, rank_peak_bytes,
-                                             replicated_peak_bytes)
+from merlin_models_de.planner.memory import (
+    RUNTIME_BYTES,
+    plan_peak_bytes,
+    rank_peak_bytes,
+    replicated_peak_bytes,
+)
 from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import FeatureSpec, TableSpec, tables_from_schema
 
@@ -18,8 +22,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def tables(*rows, dim=4):
-    return [TableSpec(f"t{i}", r, dim, (FeatureSpec(f"t{i}", f"t{i}"),))
-            for i, r in enumerate(rows)]
+    return [
+        TableSpec(f"t{i}", r, dim, (FeatureSpec(f"t{i}", f"t{i}"),)) for i, r in enumerate(rows)
+    ]
 
 
 def test_a_ranks_peak_is_runtime_and_tables_with_slots_and_dense_gradients_if_allreduced():
@@ -47,30 +52,48 @@ def test_a_table_drawn_whole_can_set_the_peak_while_initializing():
 def test_a_plans_peaks_follow_its_shards():
     p = plan(tables(100, 50, 30), 2, strategy="memory_balanced")
     assert plan_peak_bytes(p, "sgd", runtime=0) == [p.rank_elements(r) * 4 for r in range(2)]
-    assert plan_peak_bytes(p, "adagrad") == [2 * p.rank_elements(r) * 4 + RUNTIME_BYTES
-                                             for r in range(2)]
+    assert plan_peak_bytes(p, "adagrad") == [
+        2 * p.rank_elements(r) * 4 + RUNTIME_BYTES for r in range(2)
+    ]
 
 
 def test_configurations_and_their_errors():
     got = capacity.configurations("single,data-parallel,sharded,sharded-4", 2)
     assert [(c["name"], c["ranks"], c["embeddings"]) for c in got] == [
-        ("single", 1, "merlin"), ("data-parallel", 2, "merlin"), ("sharded", 2, "distributed"),
-        ("sharded-4", 4, "distributed")]
+        ("single", 1, "merlin"),
+        ("data-parallel", 2, "merlin"),
+        ("sharded", 2, "distributed"),
+        ("sharded-4", 4, "distributed"),
+    ]
     with pytest.raises(ValueError, match=r"Received: --configs='single,sharded-x'"):
         capacity.configurations("single,sharded-x", 2)
 
 
+def test_a_bad_budget_exits_2_naming_its_option(tmp_path, capsys):
+    assert capacity.main(["--budget", "lots", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --budget must look like '80GB' or '16GiB'. Received: --budget='lots'"
+    )
+
+
 def _tried(scale, ok, peak_gib):
-    return {"scale": scale, "ok": ok, "why": None if ok else "over budget", "seconds": 1.0,
-            "host_peak": int(peak_gib * 2**30), "rank_peaks": [int(peak_gib * 2**30)] if ok
-            else None, "embedding_bytes": [2**30] if ok else None,
-            "predicted": [int(1.1 * peak_gib * 2**30)]}
+    return {
+        "scale": scale,
+        "ok": ok,
+        "why": None if ok else "over budget",
+        "seconds": 1.0,
+        "host_peak": int(peak_gib * 2**30),
+        "rank_peaks": [int(peak_gib * 2**30)] if ok else None,
+        "embedding_bytes": [2**30] if ok else None,
+        "predicted": [int(1.1 * peak_gib * 2**30)],
+    }
 
 
 def test_the_summary_row_is_the_largest_scale_that_trained_and_the_plot_is_a_png(tmp_path):
     config = {"name": "single", "ranks": 1, "embeddings": "merlin"}
-    row = capacity.summary_rows(config, [_tried(1, True, 2), _tried(2, True, 3),
-                                         _tried(4, False, 9), _tried(3, False, 8)])
+    row = capacity.summary_rows(
+        config, [_tried(1, True, 2), _tried(2, True, 3), _tried(4, False, 9), _tried(3, False, 8)]
+    )
     assert row["largest_scale"] == 2 and row["first_failed_scale"] == 3
     assert row["measured_peak_per_rank"] == 3 * 2**30
     assert row["prediction_error"] == pytest.approx(0.1)
@@ -78,60 +101,38 @@ def test_the_summary_row_is_the_largest_scale_that_trained_and_the_plot_is_a_png
     assert "| single | 1 | 2 (3) | 1.00 | 3.00 | 3.30 | +10.0% | 3.00 |" in table
     assert capacity_png([row], str(tmp_path / "c.png")) == f"Plot: {tmp_path / 'c.png'}"
     assert (tmp_path / "c.png").read_bytes()[:8] == PNG
-    bench_rows = [{"run": "single", "optimizer": "sgd", "ranks": 1,
-                   "warm_samples_per_second": 1000.0, "peak_rss_per_rank": [2**30]},
-                  {"run": "horovod/memory_optimized", "optimizer": "sgd", "ranks": 2,
-                   "warm_samples_per_second": 600.0, "peak_rss_per_rank": [2**29, 2**29]}]
+    bench_rows = [
+        {
+            "run": "single",
+            "optimizer": "sgd",
+            "ranks": 1,
+            "warm_samples_per_second": 1000.0,
+            "peak_rss_per_rank": [2**30],
+        },
+        {
+            "run": "horovod/memory_optimized",
+            "optimizer": "sgd",
+            "ranks": 2,
+            "warm_samples_per_second": 600.0,
+            "peak_rss_per_rank": [2**29, 2**29],
+        },
+    ]
     assert bench_png(bench_rows, str(tmp_path / "b.png"), [row]).startswith("Plot:")
     assert (tmp_path / "b.png").read_bytes()[:8] == PNG
 
 
-def _started_since(before):
-    """Command lines of the processes started since ``before`` (pids) that are still alive."""
-    lines = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE:
-                lines.append(" ".join(p.cmdline()))
-        except psutil.Error:  # gone meanwhile
-            pass
-    return lines
-
-
-@pytest.mark.full  # two real runs of the DLRM command (~1.5 min)
-def test_a_run_over_budget_is_stopped_with_every_rank_and_one_within_it_reports(tmp_path):
-    """Real runs of the DLRM command: 2 ranks under a 1 GiB budget are stopped (both ranks
-    and horovodrun gone); one process at a small scale trains its 20 steps and its measured
-    peak is the report's, the prediction beside it."""
-    args = capacity._parser().parse_args(["--out", str(tmp_path), "--steps", "4",
-                                          "--batch-size", "64", "--budget", "1GiB"])
-    args.budget_bytes = 2**30
-    sharded = capacity.configurations("sharded", 2)[0]
-    before = {p.pid for p in psutil.process_iter()}
-    over = capacity.run_once(sharded, 0.001, args, str(tmp_path / "over.json"))
-    assert not over["ok"] and over["why"].startswith("over budget")
-    assert over["host_peak"] > 2**30 and over["rank_peaks"] is None
-    assert not [p for p in _started_since(before) if "merlin_models_de.apps.dlrm" in p]
-
-    args.budget_bytes = 8 * 2**30
-    single = capacity.configurations("single", 2)[0]
-    done = capacity.run_once(single, 0.001, args, str(tmp_path / "one.json"))
-    assert done["ok"], done["why"]
-    report = json.load(open(tmp_path / "one.json", encoding="utf-8"))
-    assert done["rank_peaks"] == report["epochs"][-1]["peak_rss_bytes"]
-    assert report["world_size"] == 1 and report["epochs"][-1]["steps"] == 4
-    assert done["rank_peaks"][0] > 2**29  # TensorFlow and Merlin alone take more
-    criteo = tables_from_schema(capped_schema(synthetic_schema("criteo"), None, 0.001), dim=16)
-    assert capacity.predicted_peaks(single, 0.001, args) == [
-        replicated_peak_bytes(criteo, "adagrad")]
-
-
 def test_predict_again_rewrites_the_predictions_and_keeps_the_measurements(tmp_path):
     runs = [_tried(0.001, True, 1.0), _tried(0.002, False, 9.0)]
-    saved = {"config": {"dim": 16, "optimizer": "sgd", "strategy": "memory_optimized",
-                        "budget": "3GiB", "np": 2},
-             "rows": [{"config": "sharded", "ranks": 2, "embeddings": "distributed",
-                       "runs": runs}]}
+    saved = {
+        "config": {
+            "dim": 16,
+            "optimizer": "sgd",
+            "strategy": "memory_optimized",
+            "budget": "3GiB",
+            "np": 2,
+        },
+        "rows": [{"config": "sharded", "ranks": 2, "embeddings": "distributed", "runs": runs}],
+    }
     (tmp_path / "capacity.json").write_text(json.dumps(saved))
     assert capacity.main(["--out", str(tmp_path), "--predict-again"]) == 0
     again = json.loads((tmp_path / "capacity.json").read_text())

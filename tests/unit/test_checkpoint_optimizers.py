@@ -1,6 +1,7 @@
 """Optimizer state in checkpoints (one process): every optimizer Merlin's compile accepts is
 saved and restored in full (slots of tables and dense weights, iterations, other scalars), so
 training resumes exactly; or the checkpoint refuses it, naming it."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,9 +15,12 @@ from tests.unit import checkpoint_helpers as ch
 def _multi_optimizer(model):
     import merlin.models.tf as mm
 
-    return mm.MultiOptimizer(default_optimizer=tf.keras.optimizers.legacy.Adam(0.05),
-                             optimizers_and_blocks=[mm.OptimizerBlocks(
-                                 tf.keras.optimizers.legacy.Adagrad(0.1), [model.emb])])
+    return mm.MultiOptimizer(
+        default_optimizer=tf.keras.optimizers.legacy.Adam(0.05),
+        optimizers_and_blocks=[
+            mm.OptimizerBlocks(tf.keras.optimizers.legacy.Adagrad(0.1), [model.emb])
+        ],
+    )
 
 
 def _lazy_adam(_):
@@ -99,10 +103,16 @@ def test_slot_names_of_a_new_style_optimizer():
 
 UNSUPPORTED = {
     "Nadam": (lambda _: tf.keras.optimizers.Nadam(0.05), "state of Nadam: it keeps _u_product"),
-    "Adafactor": (lambda _: tf.keras.optimizers.Adafactor(0.05),
-                  "slot '[rc]' of Adafactor for the sharded table"),
-    "LossScaleOptimizer": (lambda _: tf.keras.mixed_precision.LossScaleOptimizer(
-        tf.keras.optimizers.legacy.Adam(0.05)), "state of LossScaleOptimizer"),
+    "Adafactor": (
+        lambda _: tf.keras.optimizers.Adafactor(0.05),
+        "slot '[rc]' of Adafactor for the sharded table",
+    ),
+    "LossScaleOptimizer": (
+        lambda _: tf.keras.mixed_precision.LossScaleOptimizer(
+            tf.keras.optimizers.legacy.Adam(0.05)
+        ),
+        "state of LossScaleOptimizer",
+    ),
 }
 
 

@@ -4,11 +4,19 @@ arithmetic, the cost command's output and its errors. Single process, no Horovod
 Byte counts below are worked out by hand from the backend's exchanges (B ids per lookup,
 int64 ids, float32 rows); ``(sent, received, wire)`` per collective, per rank.
 """
+
 import pytest
 
-from merlin_models_de.planner.cost import (LINKS, Collective, Link, dlrm_dense_params, get_link,
-                                         predict, step_costs)
 from merlin_models_de.planner import plan
+from merlin_models_de.planner.cost import (
+    LINKS,
+    Collective,
+    Link,
+    dlrm_dense_params,
+    get_link,
+    predict,
+    step_costs,
+)
 from merlin_models_de.tables import FeatureSpec, TableSpec
 
 B = 4  # samples per rank
@@ -76,11 +84,16 @@ def test_row_sliced_table_allgathers_ids_and_sums_rows():
         ("rw_r_vectors", "alltoall", "fwd", (256, 256), (256, 256), 128),
         ("rw_r_vectors", "alltoall", "bwd", (256, 256), (256, 256), 128),
     ]
-    multi = step_costs(plan([multi_hot("r", combiner="sum")], 2, row_slice_threshold=1), B,
-                       hotness=2)
+    multi = step_costs(
+        plan([multi_hot("r", combiner="sum")], 2, row_slice_threshold=1), B, hotness=2
+    )
     assert [(c.stage, c.sent) for c in multi.collectives] == [
-        ("ids", (32, 32)), ("rw_r_ids", (64, 64)), ("rw_r_lengths", (32, 32)),
-        ("rw_r_vectors", (256, 256)), ("rw_r_vectors", (256, 256))]
+        ("ids", (32, 32)),
+        ("rw_r_ids", (64, 64)),
+        ("rw_r_lengths", (32, 32)),
+        ("rw_r_vectors", (256, 256)),
+        ("rw_r_vectors", (256, 256)),
+    ]
 
 
 def test_data_parallel_table_is_allreduced_with_the_dense_gradients_four_ranks():
@@ -165,18 +178,25 @@ def test_dlrm_dense_params_match_the_measured_gradient_bytes():
 def test_unknown_link_names_it_and_the_known_ones():
     with pytest.raises(ValueError) as err:
         get_link("ethernet")
-    assert str(err.value) == ("Unknown link; expected one of ['gloo-loopback', 'infiniband-nccl', "
-                              "'nvlink-nccl']. Received: link='ethernet'")
+    assert str(err.value) == (
+        "Unknown link; expected one of ['gloo-loopback', 'infiniband-nccl', "
+        "'nvlink-nccl']. Received: link='ethernet'"
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(batch_size=0), "batch_size must be an int >= 1. Received: batch_size=0"),
-    (dict(batch_size=4, dense_params=-1), "Received: dense_params=-1"),
-    (dict(batch_size=4, allreduce_rounds=0), "Received: allreduce_rounds=0"),
-    (dict(batch_size=4), "Multi-hot feature 'm' needs its mean ids per sample"),
-    (dict(batch_size=4, hotness={"m": -2}), "hotness of feature 'm' must be a number >= 0. "
-                                            "Received: -2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch_size=0), "batch_size must be an int >= 1. Received: batch_size=0"),
+        (dict(batch_size=4, dense_params=-1), "Received: dense_params=-1"),
+        (dict(batch_size=4, allreduce_rounds=0), "Received: allreduce_rounds=0"),
+        (dict(batch_size=4), "Multi-hot feature 'm' needs its mean ids per sample"),
+        (
+            dict(batch_size=4, hotness={"m": -2}),
+            "hotness of feature 'm' must be a number >= 0. " "Received: -2",
+        ),
+    ],
+)
 def test_bad_input_errors(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         step_costs(plan([one_hot("a"), multi_hot("m")], 2), **kwargs)
@@ -202,23 +222,41 @@ CRITEO_LINES = [
 
 
 def test_cost_command_prints_the_collectives_of_dlrm_on_criteo(capsys):
-    from merlin_models_de.apps.cost import main
+    from merlin_models_de.apps.bench.cost import main
 
-    code = main(["--dataset", "criteo", "--np", "2", "--batch-size", "512", "--dim", "16",
-                 "--strategy", "memory_optimized", "--column-slice-threshold", str(2**24),
-                 "--links", "nvlink-nccl"])
+    code = main(
+        [
+            "--dataset",
+            "criteo",
+            "--np",
+            "2",
+            "--batch-size",
+            "512",
+            "--dim",
+            "16",
+            "--strategy",
+            "memory_optimized",
+            "--column-slice-threshold",
+            str(2**24),
+            "--links",
+            "nvlink-nccl",
+        ]
+    )
     assert code == 0
     assert capsys.readouterr().out.splitlines() == CRITEO_LINES
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--links", "nvlink-nccl,ethernet"], "Received: link='ethernet'"),
-    (["--np", "8", "--global-batch-size", "100"], "--global-batch-size must divide"),
-    (["--hotness", "lots"], "Received: --hotness='lots'"),
-    (["--hotness", "foo=2"], "not multi-hot features of the schema ([]). Received: ['foo']"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--links", "nvlink-nccl,ethernet"], "Received: link='ethernet'"),
+        (["--np", "8", "--global-batch-size", "100"], "--global-batch-size must divide"),
+        (["--hotness", "lots"], "Received: --hotness='lots'"),
+        (["--hotness", "foo=2"], "not multi-hot features of the schema ([]). Received: ['foo']"),
+    ],
+)
 def test_cost_command_bad_options_exit_2_with_one_line(capsys, args, message):
-    from merlin_models_de.apps.cost import main
+    from merlin_models_de.apps.bench.cost import main
 
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -226,7 +264,7 @@ def test_cost_command_bad_options_exit_2_with_one_line(capsys, args, message):
 
 
 def test_link_probe_fit_recovers_alpha_and_beta():
-    from merlin_models_de.apps.link_probe import fit
+    from merlin_models_de.apps.tools.link_probe import fit
 
     # 1.2 ms + bytes / 1.1 GB/s, at the probe's sizes
     points = [(w, 1.2 + w / 1.1e6) for w in (512, 8192, 131072, 2097152)]

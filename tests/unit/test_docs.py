@@ -9,6 +9,7 @@ README's small data, in one working directory shared in page order (README first
   the CI itself); :func:`test_skipped_blocks_stay_few` lists them and keeps them few.
 Blocks of other languages (``text``, none) are not code and are not run.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,9 +47,15 @@ def blocks_of(path: Path) -> list[dict]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         skip = SKIP.match(lines[i - 1]) if i else None
-        found.append({"page": path.relative_to(ROOT).as_posix(), "line": i + 1,
-                      "lang": match["lang"], "code": "\n".join(lines[i + 1:end]) + "\n",
-                      "skip": skip["why"] if skip else None})
+        found.append(
+            {
+                "page": path.relative_to(ROOT).as_posix(),
+                "line": i + 1,
+                "lang": match["lang"],
+                "code": "\n".join(lines[i + 1 : end]) + "\n",
+                "skip": skip["why"] if skip else None,
+            }
+        )
         i = end + 1
     return found
 
@@ -75,8 +82,18 @@ def command_for(block: dict, workdir: Path) -> list[str]:
     script = workdir / (named["file"] if named else f"block_{block['line']}.py")
     script.write_text(block["code"])
     if HOROVOD.match(first):
-        return ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface",
-                "lo", sys.executable, script.name]
+        return [
+            "horovodrun",
+            "--gloo",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--network-interface",
+            "lo",
+            sys.executable,
+            script.name,
+        ]
     return [sys.executable, script.name]
 
 
@@ -84,15 +101,27 @@ def command_for(block: dict, workdir: Path) -> list[str]:
 def test_block_runs_as_written(block, workdir):
     if block["skip"]:
         pytest.skip(f"marked: {block['skip']}")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONPATH=str(ROOT))
-    done = subprocess.run(command_for(block, workdir), cwd=workdir, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT,
-                          check=False)
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONWARNINGS="ignore",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONPATH=str(ROOT),
+    )
+    done = subprocess.run(
+        command_for(block, workdir),
+        cwd=workdir,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert done.returncode == 0, (
         f"{block['page']}:{block['line']} exited with {done.returncode}:\n{block['code']}\n"
-        f"--- output (last 4000 characters) ---\n{done.stdout[-4000:]}")
+        f"--- output (last 4000 characters) ---\n{done.stdout[-4000:]}"
+    )
 
 
 def test_skipped_blocks_stay_few(capsys):
@@ -113,8 +142,11 @@ def test_skipped_blocks_stay_few(capsys):
 
 def test_the_extractor_sees_the_markers_and_the_launchers():
     readme = {b["line"]: b for b in blocks_of(ROOT / "README.md")}
-    launched = [b for b in readme.values()
-                if b["lang"] == "python" and HOROVOD.match(b["code"].split("\n", 1)[0])]
+    launched = [
+        b
+        for b in readme.values()
+        if b["lang"] == "python" and HOROVOD.match(b["code"].split("\n", 1)[0])
+    ]
     assert launched, "the README's ranking quick start runs under horovodrun"
     assert any(b["skip"] and "bash ci/test.sh" in b["code"] for b in readme.values())
     assert all(b["code"].strip() for b in all_blocks())

@@ -1,18 +1,24 @@
 """exchange_dtype in one process: rows and their gradients rounded exactly once each way,
 as they are when they cross ranks (the 2-rank oracle: horovod/test_oracle.py)."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings
 from merlin_models_de.backends.distributed_embeddings import DistributedEmbeddingsBackend
-from tests.unit.horovod import oracle
+from tests.ranks import oracle
 
 
 def block(exchange_dtype=None, **options):
-    return DistributedEmbeddings(oracle.mixed_schema(), dim=oracle.DIMS,
-                                 sequence_combiner=oracle.SEQUENCE_COMBINERS, backend="horovod",
-                                 exchange_dtype=exchange_dtype, **options)
+    return DistributedEmbeddings(
+        oracle.mixed_schema(),
+        dim=oracle.DIMS,
+        sequence_combiner=oracle.SEQUENCE_COMBINERS,
+        backend="horovod",
+        exchange_dtype=exchange_dtype,
+        **options,
+    )
 
 
 def outputs_and_gradients(emb, inputs, arrays, weights):
@@ -23,8 +29,11 @@ def outputs_and_gradients(emb, inputs, arrays, weights):
         # a gradient per output element that float16 / bfloat16 cannot hold exactly
         loss = tf.add_n([tf.reduce_sum(out[k] * weights[k]) for k in sorted(out)])
     grads = tape.gradient(loss, emb.trainable_variables)
-    return out, {v.name: tf.convert_to_tensor(g).numpy()
-                 for v, g in zip(emb.trainable_variables, grads) if g is not None}
+    return out, {
+        v.name: tf.convert_to_tensor(g).numpy()
+        for v, g in zip(emb.trainable_variables, grads)
+        if g is not None
+    }
 
 
 def rounded(x, dtype):
@@ -80,7 +89,8 @@ def test_an_unknown_exchange_dtype_is_named(value):
         block(value)
     assert str(err.value) == (
         "exchange_dtype must be None (rows travel in the block's dtype) or one of "
-        f"['float16', 'bfloat16']. Received: exchange_dtype={value!r}")
+        f"['float16', 'bfloat16']. Received: exchange_dtype={value!r}"
+    )
 
 
 def test_distributed_embeddings_backend_refuses_a_narrow_exchange():
@@ -88,4 +98,5 @@ def test_distributed_embeddings_backend_refuses_a_narrow_exchange():
     assert DistributedEmbeddingsBackend.unsupported(features[:1], "float16") == (
         "backend='distributed-embeddings' exchanges rows in the block's dtype only; use "
         "backend='horovod' (or 'auto') for a narrower exchange. Received: "
-        "exchange_dtype='float16'")
+        "exchange_dtype='float16'"
+    )

@@ -1,32 +1,58 @@
-"""What export and reload rest on, in one process: the sample batch that builds the exported
-copy follows any schema the block accepts, and the block's tables load from checkpoints
-written in the older layout form (whole tables) or fail naming what they cannot take."""
+"""The single-process export (persistence/export.py), in one process: the sample batch that
+builds the exported copy follows any schema the block accepts, and the exported copy reloads
+as the model; a save killed while rank 0 writes leaves the old SavedModel whole."""
+
+import os
+import subprocess
+import sys
+
+import merlin.models.tf as mm
 import numpy as np
 import pytest
 import tensorflow as tf
 from merlin.schema import ColumnSchema, Schema, Tags
 
-import merlin.models.tf as mm
-
 from merlin_models_de import DistributedEmbeddings
 from merlin_models_de.persistence.export import sample_batch
-from tests.unit.helpers import cat, synthetic
+from tests.schemas import cat, synthetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def lists_schema():
-    return Schema([
-        cat("user", 9),
-        ColumnSchema("tags", tags=[Tags.CATEGORICAL], dtype=np.int64, is_list=True,
-                     is_ragged=False, properties={"domain": {"min": 2, "max": 6},
-                                                  "value_count": {"min": 3, "max": 3}}),
-        ColumnSchema("history", tags=[Tags.CATEGORICAL], dtype=np.int32, is_list=True,
-                     is_ragged=True, properties={"domain": {"min": 0, "max": 99},
-                                                 "value_count": {"min": 1, "max": 4}}),
-        ColumnSchema("price", tags=[Tags.CONTINUOUS], dtype=np.float32,
-                     properties={"domain": {"min": 1.0, "max": 3.0}}),
-        ColumnSchema("click", tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION], dtype=np.int64,
-                     properties={"domain": {"min": 0, "max": 1}}),
-    ])
+    return Schema(
+        [
+            cat("user", 9),
+            ColumnSchema(
+                "tags",
+                tags=[Tags.CATEGORICAL],
+                dtype=np.int64,
+                is_list=True,
+                is_ragged=False,
+                properties={"domain": {"min": 2, "max": 6}, "value_count": {"min": 3, "max": 3}},
+            ),
+            ColumnSchema(
+                "history",
+                tags=[Tags.CATEGORICAL],
+                dtype=np.int32,
+                is_list=True,
+                is_ragged=True,
+                properties={"domain": {"min": 0, "max": 99}, "value_count": {"min": 1, "max": 4}},
+            ),
+            ColumnSchema(
+                "price",
+                tags=[Tags.CONTINUOUS],
+                dtype=np.float32,
+                properties={"domain": {"min": 1.0, "max": 3.0}},
+            ),
+            ColumnSchema(
+                "click",
+                tags=[Tags.TARGET, Tags.BINARY_CLASSIFICATION],
+                dtype=np.int64,
+                properties={"domain": {"min": 0, "max": 1}},
+            ),
+        ]
+    )
 
 
 def test_sample_batch_follows_the_schema():
@@ -36,8 +62,7 @@ def test_sample_batch_follows_the_schema():
     assert batch["user"].shape == (5,) and batch["user"].dtype == tf.int64
     assert batch["tags"].shape == (5, 3)  # fixed-length lists come dense, as the Loader's
     assert set(batch["tags"].numpy().ravel()) <= set(range(2, 7))
-    history = tf.RaggedTensor.from_row_splits(batch["history__values"],
-                                              batch["history__offsets"])
+    history = tf.RaggedTensor.from_row_splits(batch["history__values"], batch["history__offsets"])
     assert history.dtype == tf.int32
     assert set(history.row_lengths().numpy()) <= {1, 2, 3, 4}
     assert batch["price"].dtype == tf.float32 and np.all(batch["price"].numpy() == 2.0)
@@ -48,46 +73,29 @@ def test_sample_batch_builds_models_of_schemas_without_item_id(kind):
     if kind == "lists":
         schema = lists_schema()
     else:
-        schema = Schema([ColumnSchema(c.name, tags=[t for t in c.tags
-                                                    if t not in (Tags.ITEM_ID, Tags.ITEM, Tags.ID)],
-                                      dtype=c.dtype, properties=c.properties)
-                         for c in synthetic("criteo", 8).schema])
+        schema = Schema(
+            [
+                ColumnSchema(
+                    c.name,
+                    tags=[t for t in c.tags if t not in (Tags.ITEM_ID, Tags.ITEM, Tags.ID)],
+                    dtype=c.dtype,
+                    properties=c.properties,
+                )
+                for c in synthetic("criteo", 8).schema
+            ]
+        )
     assert not schema.select_by_tag(Tags.ITEM_ID).column_names
-    model = mm.DLRMModel(schema, embeddings=DistributedEmbeddings(schema, dim=4),
-                         bottom_block=mm.MLPBlock([4]), top_block=mm.MLPBlock([4]),
-                         prediction_tasks=mm.BinaryClassificationTask(
-                             schema.select_by_tag(Tags.TARGET).column_names[0]))
+    model = mm.DLRMModel(
+        schema,
+        embeddings=DistributedEmbeddings(schema, dim=4),
+        bottom_block=mm.MLPBlock([4]),
+        top_block=mm.MLPBlock([4]),
+        prediction_tasks=mm.BinaryClassificationTask(
+            schema.select_by_tag(Tags.TARGET).column_names[0]
+        ),
+    )
     out = model(sample_batch(schema, rows=3), training=False)
     assert out.shape == (3, 1) and np.all(np.isfinite(out.numpy()))
-
-
-def test_tables_load_from_older_layout_names_or_fail_naming_them(tmp_path):
-    block = DistributedEmbeddings(Schema([cat("user", 9), cat("item", 4)]), dim=2)
-    old = tf.Module()  # what an older export held: whole tables named after the layout
-    old.mp_user = tf.Variable(np.arange(20, dtype=np.float32).reshape(10, 2))
-    old.dp_item = tf.Variable(np.ones((5, 2), np.float32))
-    tf.train.Checkpoint(block=old).write(str(tmp_path / "old"))
-    tf.train.Checkpoint(block=block).read(str(tmp_path / "old")).assert_existing_objects_matched()
-    tables = block.get_global_weights()
-    np.testing.assert_array_equal(tables["user"], old.mp_user.numpy())
-    np.testing.assert_array_equal(tables["item"], old.dp_item.numpy())
-
-    sliced = tf.Module()
-    sliced.mp_user_c1 = tf.Variable(np.zeros((10, 1), np.float32))
-    tf.train.Checkpoint(block=sliced).write(str(tmp_path / "sliced"))
-    with pytest.raises(ValueError, match=r"column slice of table 'user'.*Received: "
-                                         r"name='mp_user_c1'"):
-        tf.train.Checkpoint(block=block).read(str(tmp_path / "sliced"))
-
-
-def test_checkpoints_name_tables_not_layouts(tmp_path):
-    block = DistributedEmbeddings(Schema([cat("user", 9), cat("item", 4)]), dim=2)
-    block.get_global_weights()  # built
-    tf.train.Checkpoint(block=block).write(str(tmp_path / "ckpt"))
-    names = {name for name, _ in tf.train.list_variables(str(tmp_path / "ckpt"))}
-    assert {"block/table_user/.ATTRIBUTES/VARIABLE_VALUE",
-            "block/table_item/.ATTRIBUTES/VARIABLE_VALUE"} <= names
-    assert not [n for n in names if n.startswith(("block/mp_", "block/dp_", "block/rw_"))]
 
 
 @pytest.mark.full  # the export from 2 ranks: horovod/test_fit.py::test_save_exports...
@@ -101,9 +109,13 @@ def test_the_exported_copy_reloads_as_the_model_and_leaves_names_alone(tmp_path)
     from merlin_models_de.persistence.export import save_single_process
 
     schema = lists_schema()  # a ragged list, a fixed-length list, scalars
-    model = mm.DLRMModel(schema, embeddings=DistributedEmbeddings(schema, dim=4),
-                         bottom_block=mm.MLPBlock([4]), top_block=mm.MLPBlock([4]),
-                         prediction_tasks=mm.BinaryClassificationTask("click"))
+    model = mm.DLRMModel(
+        schema,
+        embeddings=DistributedEmbeddings(schema, dim=4),
+        bottom_block=mm.MLPBlock([4]),
+        top_block=mm.MLPBlock([4]),
+        prediction_tasks=mm.BinaryClassificationTask("click"),
+    )
     batch = sample_batch(schema, rows=4)
     want = model(batch, training=False).numpy()
     counters = dict(backend.get_default_graph_uid_map())
@@ -117,3 +129,49 @@ def test_the_exported_copy_reloads_as_the_model_and_leaves_names_alone(tmp_path)
     loaded = tf.keras.models.load_model(str(tmp_path / "saved"))
     assert type(loaded.layers[0]).__name__ == "SequentialBlock"  # rebuilt from its config
     np.testing.assert_allclose(loaded(batch, training=False).numpy(), want, rtol=1e-6)
+
+
+def files_of(root):
+    """{relative path: bytes} of every file below ``root``."""
+    out = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(directory, name), "rb") as f:
+                out[os.path.relpath(os.path.join(directory, name), root)] = f.read()
+    return out
+
+
+def test_a_save_killed_while_rank_0_writes_leaves_the_old_savedmodel_whole(tmp_path):
+    """model.save under horovodrun, killed while rank 0 writes the new SavedModel over an
+    old one: the old one stays byte for byte (its variables were once overwritten under the
+    old graph), loads, and the killed save's temporary is left beside it."""
+    path = str(tmp_path / "saved")
+    run = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "horovodrun"),
+            "--gloo",
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            sys.executable,
+            "tests/scripts/killed_save.py",
+            path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
+    assert run.returncode != 0 and "the second save finished" not in run.stdout, (
+        run.stdout[-2000:] + run.stderr[-2000:]
+    )
+    assert os.path.isdir(f"{path}.old"), run.stdout[-2000:] + run.stderr[-2000:]
+    old = files_of(f"{path}.old")
+    assert "saved_model.pb" in old and files_of(path) == old
+    left = [n for n in os.listdir(tmp_path) if n not in ("saved", "saved.old")]
+    assert len(left) == 1 and left[0].startswith(".tmp-") and left[0].endswith("-saved"), left
+    from merlin_models_de.variables import embedding_blocks
+
+    assert embedding_blocks(tf.keras.models.load_model(path))  # in one process

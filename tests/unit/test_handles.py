@@ -1,20 +1,24 @@
 """Table handles in one process behave like mm.Embeddings' EmbeddingTables."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from merlin_models_de.block.handles import TableAccessMixin, TableHandle
 from merlin_models_de.block.layer import DistributedEmbeddings
-from tests.unit.horovod import oracle
-
+from tests.ranks import oracle
 
 Block = DistributedEmbeddings
 assert issubclass(Block, TableAccessMixin)
 
 
 def built():
-    block = Block(oracle.mixed_schema(), dim=oracle.DIMS, sequence_combiner=oracle.COMBINERS,
-                  backend="horovod")
+    block = Block(
+        oracle.mixed_schema(),
+        dim=oracle.DIMS,
+        sequence_combiner=oracle.COMBINERS,
+        backend="horovod",
+    )
     block(oracle.select(oracle.global_batch(block.features, block.tables, 4, 0), 0, 4))
     arrays = oracle.global_tables(block.tables, seed=3)
     block.set_global_weights(arrays)
@@ -33,8 +37,11 @@ def test_handles_expose_merlin_table_attributes_and_lookups():
     np.testing.assert_array_equal(user.embedding_lookup(ids).numpy(), arrays["user"][ids.numpy()])
     np.testing.assert_array_equal(user(tf.constant([[3], [4]])).numpy(), arrays["user"][[3, 4]])
     tags = tf.ragged.constant([[1, 2], [], [5]], tf.int64)
-    np.testing.assert_allclose(block["tags"](tags).numpy(), np.stack(
-        [arrays["tags"][[1, 2]].mean(0), np.zeros(8), arrays["tags"][5]]), rtol=1e-6)
+    np.testing.assert_allclose(
+        block["tags"](tags).numpy(),
+        np.stack([arrays["tags"][[1, 2]].mean(0), np.zeros(8), arrays["tags"][5]]),
+        rtol=1e-6,
+    )
     assert set(block.embedding_tables) == {t.name for t in block.tables}
     assert [h.name for h in block] == [t.name for t in block.tables]
     assert block.select_by_name("item") is block["item"]
@@ -63,16 +70,23 @@ def test_select_by_tag_gives_a_view_of_the_matching_features():
     from merlin.schema import Schema, Tags
 
     from merlin_models_de.block.views import FeatureSelection
-    from tests.unit.helpers import cat
+    from tests.schemas import cat
 
-    schema = Schema([cat("item_id", 99, tags=[Tags.ITEM, Tags.ID]),
-                     cat("item_category", 9, tags=[Tags.ITEM]),
-                     cat("user_id", 49, tags=[Tags.USER, Tags.ID]),
-                     cat("user_history", 99, multi_hot=True, tags=[Tags.USER])])
+    schema = Schema(
+        [
+            cat("item_id", 99, tags=[Tags.ITEM, Tags.ID]),
+            cat("item_category", 9, tags=[Tags.ITEM]),
+            cat("user_id", 49, tags=[Tags.USER, Tags.ID]),
+            cat("user_history", 99, multi_hot=True, tags=[Tags.USER]),
+        ]
+    )
     block = Block(schema, dim=4, backend="horovod")
-    inputs = {"item_id": tf.constant([[3], [5]]), "item_category": tf.constant([[1], [2]]),
-              "user_id": tf.constant([[7], [8]]),
-              "user_history": tf.ragged.constant([[1, 2], [4]], tf.int64)}
+    inputs = {
+        "item_id": tf.constant([[3], [5]]),
+        "item_category": tf.constant([[1], [2]]),
+        "user_id": tf.constant([[7], [8]]),
+        "user_history": tf.ragged.constant([[1, 2], [4]], tf.int64),
+    }
     whole = block(inputs)
     items = block.select_by_tag(Tags.ITEM)
     assert isinstance(items, FeatureSelection)
@@ -85,7 +99,8 @@ def test_select_by_tag_gives_a_view_of_the_matching_features():
     assert block.select_by_tag([Tags.SEQUENCE, Tags.TIME]) is None
     assert items.select_by_tag(Tags.ID).schema.column_names == ["item_id"]
     assert not items.trainable_weights or all(
-        any(w is v for v in block.trainable_weights) for w in items.trainable_weights)
+        any(w is v for v in block.trainable_weights) for w in items.trainable_weights
+    )
     # inside an input block, as a two-tower model selects its towers
     input_block = mm.InputBlockV2(schema, categorical=block, aggregation=None)
     user_inputs = input_block.select_by_tag(Tags.USER)

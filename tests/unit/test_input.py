@@ -1,5 +1,6 @@
 """merlin_models_de.loader_dataset: the batches mm.Loader gives each rank (same keys, dtypes,
 shapes and values, a partition's remainder carried into the next batch), cut natively."""
+
 import numpy as np
 import pytest
 
@@ -29,8 +30,9 @@ def test_each_rank_gets_the_loaders_batches(rank, drop_last):
     import merlin.models.tf as mm
 
     ds = criteo(1000, 3)  # uneven: rank 0 reads two partitions, rank 1 one
-    loader = mm.Loader(ds, batch_size=64, shuffle=False, drop_last=drop_last, global_size=2,
-                       global_rank=rank)
+    loader = mm.Loader(
+        ds, batch_size=64, shuffle=False, drop_last=drop_last, global_size=2, global_rank=rank
+    )
     want = list(loader)
     data = loader_dataset(ds, 64, drop_last=drop_last, rank=rank, world_size=2)
     assert int(data.cardinality()) == len(want)
@@ -44,16 +46,18 @@ def test_partitions_per_rank_follow_the_loader():
 
 
 def test_fewer_partitions_than_ranks_names_the_fix():
-    with pytest.raises(ValueError, match=r"1 partition\(s\) for 2 ranks.*"
-                                         r"ds\.repartition\(npartitions=2\)"):
+    with pytest.raises(
+        ValueError, match=r"1 partition\(s\) for 2 ranks.*" r"ds\.repartition\(npartitions=2\)"
+    ):
         loader_dataset(criteo(100, 1), 16, rank=0, world_size=2)
 
 
 def test_bad_batch_size_and_list_columns_are_named():
     from merlin.datasets.synthetic import generate_data
 
-    with pytest.raises(ValueError, match=r"batch_size must be a positive int. Received: "
-                                         r"batch_size=0"):
+    with pytest.raises(
+        ValueError, match=r"batch_size must be a positive int. Received: " r"batch_size=0"
+    ):
         loader_dataset(criteo(100, 1), 0, rank=0, world_size=1)
     sequences = generate_data("sequence-testing", 100)
     with pytest.raises(ValueError, match=r"scalar columns only; list columns \[.*item_id_seq"):

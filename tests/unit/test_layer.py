@@ -1,15 +1,16 @@
 """The block in one process: same outputs as mm.Embeddings, config, save / load, errors."""
+
+import merlin.models.tf as mm
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import merlin.models.tf as mm
 from merlin.models.tf.transforms.features import PrepareFeatures
 from merlin.schema import Schema, Tags
 
 import merlin_models_de
 from merlin_models_de import DistributedEmbeddings
-from tests.unit.helpers import TFLogRecords, cat, synthetic
+from tests.schemas import cat, synthetic
+from tests.tf_inspection import TFLogRecords
 
 
 def first_batch(name, schema_fn, rows=64, batch=32):
@@ -22,14 +23,22 @@ def first_batch(name, schema_fn, rows=64, batch=32):
 
 def copy_tables(reference, block):
     """Sets ``block``'s tables from an mm.Embeddings block's tables."""
-    arrays = {name: layer.table.embeddings.numpy()
-              for name, layer in reference.parallel_dict.items()}
+    arrays = {
+        name: layer.table.embeddings.numpy() for name, layer in reference.parallel_dict.items()
+    }
     block.set_global_weights(arrays)
     return arrays
 
 
-@pytest.mark.parametrize("dataset", [pytest.param("criteo", marks=pytest.mark.full), "aliccp-raw",
-                                     "music-streaming", "sequence-testing"])
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        pytest.param("criteo", marks=pytest.mark.full),
+        "aliccp-raw",
+        "music-streaming",
+        "sequence-testing",
+    ],
+)
 def test_outputs_equal_mm_embeddings(dataset, synthetic_schema):
     schema, features = first_batch(dataset, synthetic_schema)
     cats = schema.select_by_tag(Tags.CATEGORICAL).excluding_by_tag(Tags.TARGET)
@@ -72,7 +81,10 @@ def test_unpooled_sequences_equal_mm_embeddings(dataset, synthetic_schema):
 def test_fixed_length_lists_come_back_dense():
     schema = Schema([cat("user", 9), cat("tags", 4, multi_hot=True)])
     block = DistributedEmbeddings(schema, dim=2, sequence_combiner=None)
-    for tags in (tf.constant([[1, 2, 3], [0, 1, 2]]), tf.constant([[[1], [2], [3]], [[0], [1], [2]]])):
+    for tags in (
+        tf.constant([[1, 2, 3], [0, 1, 2]]),
+        tf.constant([[[1], [2], [3]], [[0], [1], [2]]]),
+    ):
         out = block({"user": tf.constant([1, 2]), "tags": tags})["tags"]
         assert isinstance(out, tf.Tensor) and out.shape == (2, 3, 2)
         table = block.get_global_weights()["tags"]
@@ -102,10 +114,12 @@ def test_combiners_match_tf_embedding_lookup_sparse(combiner):
     ragged = tf.ragged.constant([[1, 2, 3], [], [4], [5, 5]], dtype=tf.int64)
     out = block({"tags": ragged, "item": tf.constant([[1], [2], [3], [4]])})
     table = block.get_global_weights()["tags"]
-    want = tf.nn.embedding_lookup_sparse(tf.constant(table), ragged.to_sparse(), None,
-                                         combiner=combiner)
-    np.testing.assert_allclose(out["tags"].numpy()[[0, 2, 3]], want.numpy()[[0, 2, 3]],
-                               rtol=1e-5, atol=1e-7)
+    want = tf.nn.embedding_lookup_sparse(
+        tf.constant(table), ragged.to_sparse(), None, combiner=combiner
+    )
+    np.testing.assert_allclose(
+        out["tags"].numpy()[[0, 2, 3]], want.numpy()[[0, 2, 3]], rtol=1e-5, atol=1e-7
+    )
     np.testing.assert_array_equal(out["tags"].numpy()[1], np.zeros(3))  # empty row -> zeros
     assert out["item"].shape == (4, 3)
 
@@ -114,8 +128,9 @@ def test_registration_and_plan():
     assert mm.DistributedEmbeddings is DistributedEmbeddings
     merlin_models_de.register()  # idempotent
     assert mm.DistributedEmbeddings is DistributedEmbeddings
-    block = DistributedEmbeddings(Schema([cat("a", 9), cat("b", 99)]), dim=4,
-                                  strategy="memory_balanced", backend="horovod")
+    block = DistributedEmbeddings(
+        Schema([cat("a", 9), cat("b", 99)]), dim=4, strategy="memory_balanced", backend="horovod"
+    )
     assert block.plan.world_size == 1 and len(block.plan.shards) == 2
     assert block.summary().startswith("backend=horovod\nShardingPlan: 2 tables")
 
@@ -124,26 +139,37 @@ def test_registration_and_plan():
 def test_config_round_trip_and_dlrm_save_load(tmp_path, synthetic_schema):
     ds = synthetic("criteo", 128)
     schema = ds.schema
-    block = DistributedEmbeddings(schema, dim={"C1": 8}, infer_dim_fn=lambda c: 8,
-                                  embeddings_initializer="truncated_normal", strategy="memory_optimized",
-                                  column_slice_threshold=10_000)
+    block = DistributedEmbeddings(
+        schema,
+        dim={"C1": 8},
+        infer_dim_fn=lambda c: 8,
+        embeddings_initializer="truncated_normal",
+        strategy="memory_optimized",
+        column_slice_threshold=10_000,
+    )
     config = block.get_config()
     clone = DistributedEmbeddings.from_config(config)
     again = clone.get_config()
     # the schema JSON carries float statistics whose text can differ after a round trip
-    assert {k: v for k, v in again.items() if k != "schema"} == \
-        {k: v for k, v in config.items() if k != "schema"}
-    assert [(c.name, c.int_domain) for c in clone.schema] == \
-        [(c.name, c.int_domain) for c in block.schema]
+    assert {k: v for k, v in again.items() if k != "schema"} == {
+        k: v for k, v in config.items() if k != "schema"
+    }
+    assert [(c.name, c.int_domain) for c in clone.schema] == [
+        (c.name, c.int_domain) for c in block.schema
+    ]
     assert clone.plan == block.plan
     # a few of the columns: a SavedModel traces every layer (~2 minutes for all 26 tables)
     from merlin.io import Dataset
 
     small = schema.select_by_name(["C1", "C2", "C3", "I1", "I2", "label"])
     ds = Dataset(ds.to_ddf()[small.column_names], schema=small)
-    model = mm.DLRMModel(small, embeddings=DistributedEmbeddings(small, dim=8),
-                         bottom_block=mm.MLPBlock([8]), top_block=mm.MLPBlock([8]),
-                         prediction_tasks=mm.BinaryClassificationTask("label"))
+    model = mm.DLRMModel(
+        small,
+        embeddings=DistributedEmbeddings(small, dim=8),
+        bottom_block=mm.MLPBlock([8]),
+        top_block=mm.MLPBlock([8]),
+        prediction_tasks=mm.BinaryClassificationTask("label"),
+    )
     model.compile(optimizer="adagrad")
     model.fit(mm.Loader(ds, batch_size=32), epochs=1, verbose=0)
     before = model.predict(mm.Loader(ds, batch_size=32, shuffle=False), verbose=0)
@@ -158,21 +184,31 @@ def test_errors_name_the_feature_and_value():
     block = DistributedEmbeddings(schema, dim=2)
     ok = {"user": tf.constant([1, 2]), "tags": tf.ragged.constant([[1], [2, 3]], tf.int64)}
     block(ok)
-    with pytest.raises(ValueError, match=r"Feature 'tags' is missing from the batch. Received keys: \['user'\]"):
+    with pytest.raises(
+        ValueError, match=r"Feature 'tags' is missing from the batch. Received keys: \['user'\]"
+    ):
         block({"user": tf.constant([1, 2])})
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"(?s)An id is outside its table. Received: feature=.*user.*id=.*12.*rows=.*10"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"(?s)An id is outside its table. Received: feature=.*user.*id=.*12.*rows=.*10",
+    ):
         block({**ok, "user": tf.constant([1, 12])})
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)Received: feature=.*tags.*id=.*-1"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"(?s)Received: feature=.*tags.*id=.*-1"
+    ):
         block({**ok, "tags": tf.ragged.constant([[1], [-1]], tf.int64)})
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"(?s)Every feature must have the batch size of feature 'user'.*user.*tags.*2, 3"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"(?s)Every feature must have the batch size of feature 'user'.*user.*tags.*2, 3",
+    ):
         block({**ok, "tags": tf.ragged.constant([[1], [2], [3]], tf.int64)})
     with pytest.raises(ValueError, match=r"Received: backend='nccl'"):
         DistributedEmbeddings(schema, dim=2, backend="nccl")
     with pytest.raises(ValueError, match=r"Received: strategy='greedy'"):
         DistributedEmbeddings(schema, dim=2, strategy="greedy")
-    with pytest.raises(ValueError, match=r"Table 'user' has shape \(10, 2\). Received: shape=\(3, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"Table 'user' has shape \(10, 2\). Received: shape=\(3, 2\)"
+    ):
         block.set_global_weights({"user": np.zeros((3, 2)), "tags": np.zeros((5, 2))})
 
 
@@ -183,8 +219,10 @@ def test_validation_off_skips_the_check_and_tf_names_feature_and_table():
     block({"user": tf.constant([1]), "tags": tags})
     assert block.get_config()["validate_ids"] is False
     # no range check: on CPU TF's own gather error, named after the feature and table
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"(?s)indices.*= 12 is not in \[0, 10\).*lookup_user_in_table_user"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"(?s)indices.*= 12 is not in \[0, 10\).*lookup_user_in_table_user",
+    ):
         block({"user": tf.constant([12]), "tags": tags})
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)lookup_tags_in_table_tags"):
         block({"user": tf.constant([1]), "tags": tf.ragged.constant([[7]], tf.int64)})
@@ -196,8 +234,13 @@ def test_goes_where_mm_embeddings_goes(kind):
     schema = ds.schema
     inputs = mm.InputBlockV2(schema, categorical=mm.DistributedEmbeddings(schema, dim=8))
     if kind == "dcn":
-        model = mm.DCNModel(schema, depth=1, deep_block=mm.MLPBlock([8]), input_block=inputs,
-                            prediction_tasks=mm.BinaryClassificationTask("click"))
+        model = mm.DCNModel(
+            schema,
+            depth=1,
+            deep_block=mm.MLPBlock([8]),
+            input_block=inputs,
+            prediction_tasks=mm.BinaryClassificationTask("click"),
+        )
     else:
         model = mm.Model(inputs, mm.MLPBlock([8]), mm.BinaryClassificationTask("click"))
     model.compile(optimizer="adagrad")
@@ -214,16 +257,22 @@ def test_float_ids_and_huge_tables_are_refused_in_one_process():
     with pytest.raises(MemoryError, match=r"Rank 0 would hold 64.0 TiB.*table 'item'"):
         DistributedEmbeddings(schema, dim=16)({"user": tf.constant([1]), "item": tf.constant([1])})
     block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2)
-    with pytest.raises(ValueError, match=r"Feature 'user' must hold integer ids. Received: dtype=float32"):
+    with pytest.raises(
+        ValueError, match=r"Feature 'user' must hold integer ids. Received: dtype=float32"
+    ):
         block({"user": tf.constant([1.7])})
 
 
-@pytest.mark.parametrize("optimizer, line", [
-    (lambda: "sgd", "optimizer=sgd (+0 slot copies)"),
-    (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "optimizer=sgd (+1 slot copies)"),
-    (lambda: tf.keras.optimizers.legacy.Adagrad(0.1), "optimizer=adagrad (+1 slot copies)"),
-    (lambda: tf.keras.optimizers.Adam(amsgrad=True), "optimizer=adam (+3 slot copies)"),
-    (lambda: mm.LazyAdam(), "optimizer=lazyadam (+2 slot copies)")])
+@pytest.mark.parametrize(
+    "optimizer, line",
+    [
+        (lambda: "sgd", "optimizer=sgd (+0 slot copies)"),
+        (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "optimizer=sgd (+1 slot copies)"),
+        (lambda: tf.keras.optimizers.legacy.Adagrad(0.1), "optimizer=adagrad (+1 slot copies)"),
+        (lambda: tf.keras.optimizers.Adam(amsgrad=True), "optimizer=adam (+3 slot copies)"),
+        (lambda: mm.LazyAdam(), "optimizer=lazyadam (+2 slot copies)"),
+    ],
+)
 def test_summary_counts_the_compiled_optimizers_slots(optimizer, line):
     schema = Schema([cat("user", 99), cat("item", 49)])
     block = DistributedEmbeddings(schema, dim=4)

@@ -1,11 +1,11 @@
 """Merlin's model-level API around the block, in one process, against mm.Embeddings: tables
 found and frozen by name, what Keras and Merlin find when they walk the model, optimizers per
 block (MultiOptimizer, LazyAdam), and mm.Embeddings' construction arguments."""
+
+import merlin.models.tf as mm
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import merlin.models.tf as mm
 from merlin.datasets.synthetic import generate_data
 from merlin.models.tf.utils.tf_utils import get_sub_blocks
 
@@ -28,8 +28,11 @@ def build(data, make):
     schema = data.schema
     tf.keras.utils.set_random_seed(1)
     emb = make(schema.select_by_name(TABLES))
-    model = mm.Model(mm.InputBlockV2(schema, categorical=emb),
-                     mm.MLPBlock([4], name="layer_1"), mm.BinaryClassificationTask("click"))
+    model = mm.Model(
+        mm.InputBlockV2(schema, categorical=emb),
+        mm.MLPBlock([4], name="layer_1"),
+        mm.BinaryClassificationTask("click"),
+    )
     loader = mm.Loader(data, batch_size=64, shuffle=False)
     model(mm.sample_batch(loader, include_targets=False))
     return model, emb, loader
@@ -65,8 +68,11 @@ def test_tables_are_found_frozen_and_resumed_by_name(data):
     model.freeze_blocks(["user_categories"])
     assert table.trainable is False and table.trainable_weights == []
     assert len(table.non_trainable_weights) == 1
-    assert emb.get_config()["trainable"] == {"user_categories": False, "item_category": True,
-                                             "user_age": True}
+    assert emb.get_config()["trainable"] == {
+        "user_categories": False,
+        "item_category": True,
+        "user_age": True,
+    }
     before = emb.get_global_weights()
     model.compile(optimizer="adagrad", run_eagerly=False)
     model.fit(loader, epochs=1, verbose=0)
@@ -74,8 +80,11 @@ def test_tables_are_found_frozen_and_resumed_by_name(data):
     np.testing.assert_array_equal(after["user_categories"], before["user_categories"])
     assert not np.allclose(after["item_category"], before["item_category"])
     slots = model.optimizer.get_slot_names()
-    assert all(model.optimizer.get_slot(v, s) is not None for s in slots
-               for v in emb["item_category"].weights)
+    assert all(
+        model.optimizer.get_slot(v, s) is not None
+        for s in slots
+        for v in emb["item_category"].weights
+    )
     with pytest.raises(KeyError):  # the frozen table got no slots
         model.optimizer.get_slot(table.weights[0], slots[0])
 
@@ -120,8 +129,9 @@ def test_checkpoints_hold_the_same_names_with_frozen_tables(data, tmp_path):
     model.freeze_blocks(["user_categories"])
     saved = emb.get_global_weights()
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "frozen"))
-    assert ([n for n, _ in tf.train.list_variables(path)]
-            == [n for n, _ in tf.train.list_variables(plain)])
+    assert [n for n, _ in tf.train.list_variables(path)] == [
+        n for n, _ in tf.train.list_variables(plain)
+    ]
     again, emb2, _ = build(data, lambda s: DistributedEmbeddings(s, dim=4))
     tf.train.Checkpoint(model=again).restore(path).assert_existing_objects_matched()
     for t, value in emb2.get_global_weights().items():
@@ -134,9 +144,10 @@ def test_multi_optimizer_with_lazy_adam_trains_as_with_mm_embeddings(data, group
     results = []
     for model, block in ((ref, ref_emb), (got, emb)):
         named = block["user_categories"] if group == "table" else block
-        opt = mm.MultiOptimizer(default_optimizer=tf.keras.optimizers.legacy.SGD(0.1),
-                                optimizers_and_blocks=[mm.OptimizerBlocks(mm.LazyAdam(0.05),
-                                                                          named)])
+        opt = mm.MultiOptimizer(
+            default_optimizer=tf.keras.optimizers.legacy.SGD(0.1),
+            optimizers_and_blocks=[mm.OptimizerBlocks(mm.LazyAdam(0.05), named)],
+        )
         model.compile(optimizer=opt, run_eagerly=False)
         before = tables_of(block)
         model.fit(loader, epochs=1, verbose=0)
@@ -154,24 +165,37 @@ def test_embedding_options_are_ignored_as_mm_embeddings_ignores_them(data):
     """mm.Embeddings drops EmbeddingOptions' fields (its tables do not take them), so the
     table sizes come from ``dim`` / ``infer_dim_fn``; Merlin's Wide&Deep passes some."""
     schema = data.schema.select_by_name(TABLES)
-    for kwargs in ({"infer_embedding_sizes": True},
-                   {"infer_embedding_sizes": True, "infer_embedding_sizes_multiplier": 5.0,
-                    "embedding_dim_default": 3, "embedding_dims": {"user_age": 7},
-                    "infer_embeddings_ensure_dim_multiple_of_8": True},
-                   {"dim": {"user_age": 5}, "embedding_dim_default": 8,
-                    "infer_embedding_sizes": False}):
+    for kwargs in (
+        {"infer_embedding_sizes": True},
+        {
+            "infer_embedding_sizes": True,
+            "infer_embedding_sizes_multiplier": 5.0,
+            "embedding_dim_default": 3,
+            "embedding_dims": {"user_age": 7},
+            "infer_embeddings_ensure_dim_multiple_of_8": True,
+        },
+        {"dim": {"user_age": 5}, "embedding_dim_default": 8, "infer_embedding_sizes": False},
+    ):
         ref = mm.Embeddings(schema, **kwargs)
         got = DistributedEmbeddings(schema, **kwargs)
         assert {t.name: t.dim for t in got.tables} == {
-            name: table.dim for name, table in ref.parallel_dict.items()}, kwargs
+            name: table.dim for name, table in ref.parallel_dict.items()
+        }, kwargs
 
 
 def test_defaults_of_mm_embeddings_signature_are_accepted(data):
     """None where mm.Embeddings' signature defaults to None or 0.0 means the same here."""
     schema = data.schema.select_by_name(TABLES)
-    got = DistributedEmbeddings(schema, dim=4, trainable=None, embeddings_initializer=None,
-                                embeddings_regularizer=None, activity_regularizer=None,
-                                l2_batch_regularization_factor=None, block_name="emb")
+    got = DistributedEmbeddings(
+        schema,
+        dim=4,
+        trainable=None,
+        embeddings_initializer=None,
+        embeddings_regularizer=None,
+        activity_regularizer=None,
+        l2_batch_regularization_factor=None,
+        block_name="emb",
+    )
     assert got.name == "emb" and all(got[t].trainable for t in TABLES)
     with pytest.raises(TypeError, match="embedding_dim_defualt"):
         DistributedEmbeddings(schema, dim=4, embedding_dim_defualt=8)

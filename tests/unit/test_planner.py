@@ -1,21 +1,28 @@
 """Planner: exact placements, slicing, thresholds, properties (hypothesis), balance on Criteo."""
+
 import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from merlin_models_de.planner import Shard, ShardingPlan, ShardingType, plan
+from merlin_models_de.planner import ShardingPlan, ShardingType, plan
 from merlin_models_de.tables import FeatureSpec, TableSpec, tables_from_schema
 
-TW, CW, RW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
-                  ShardingType.DATA_PARALLEL)
+TW, CW, RW, DP = (
+    ShardingType.TABLE_WISE,
+    ShardingType.COLUMN_WISE,
+    ShardingType.ROW_WISE,
+    ShardingType.DATA_PARALLEL,
+)
 
 
 def specs(*shapes):
     """TableSpecs t0, t1, ... of the given (rows, dim)."""
-    return [TableSpec(f"t{i}", r, d, (FeatureSpec(f"t{i}", f"t{i}"),))
-            for i, (r, d) in enumerate(shapes)]
+    return [
+        TableSpec(f"t{i}", r, d, (FeatureSpec(f"t{i}", f"t{i}"),))
+        for i, (r, d) in enumerate(shapes)
+    ]
 
 
 def placement(p):
@@ -39,7 +46,9 @@ def test_memory_optimized_fills_the_least_loaded_rank():
     p = plan(specs((100, 1), (60, 1), (50, 1), (10, 1)), 2, "memory_optimized")
     # 100 -> A; 60 -> B; 50 -> B (110); 10 -> A (110); ranks ordered by final load then ids
     assert {s.table: s.rank for s in p.shards} in (
-        {"t0": 0, "t3": 0, "t1": 1, "t2": 1}, {"t0": 1, "t3": 1, "t1": 0, "t2": 0})
+        {"t0": 0, "t3": 0, "t1": 1, "t2": 1},
+        {"t0": 1, "t3": 1, "t1": 0, "t2": 0},
+    )
     assert p.rank_elements(0) == p.rank_elements(1) == 110
 
 
@@ -47,7 +56,11 @@ def test_column_slices_are_power_of_two_and_capped():
     p = plan(specs((1000, 16)), 8, "basic", column_slice_threshold=5000)
     # 16000 elements -> 4 slices of 4000 (<= 5000)
     assert [(s.rank, s.col_start, s.cols, s.kind) for s in p.shards] == [
-        (0, 0, 4, CW), (1, 4, 4, CW), (2, 8, 4, CW), (3, 12, 4, CW)]
+        (0, 0, 4, CW),
+        (1, 4, 4, CW),
+        (2, 8, 4, CW),
+        (3, 12, 4, CW),
+    ]
     # capped at world size: two ranks, so two slices even though 16 would be needed
     p = plan(specs((1000, 16)), 2, "basic", column_slice_threshold=10)
     assert [(s.rank, s.col_start, s.cols) for s in p.shards] == [(0, 0, 8), (1, 8, 8)]
@@ -56,13 +69,22 @@ def test_column_slices_are_power_of_two_and_capped():
     assert [(s.rank, s.col_start, s.cols) for s in p.shards] == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]
     p = plan(specs((1000, 5), (1, 1), (1, 1)), 2, "basic", column_slice_threshold=4000)
     assert [(s.table, s.rank, s.col_start, s.cols) for s in p.shards] == [
-        ("t0", 0, 0, 3), ("t1", 0, 0, 1), ("t0", 1, 3, 2), ("t2", 1, 0, 1)]
+        ("t0", 0, 0, 3),
+        ("t1", 0, 0, 1),
+        ("t0", 1, 3, 2),
+        ("t2", 1, 0, 1),
+    ]
 
 
 def test_fewer_tables_than_ranks_are_sliced_automatically():
     p = plan(specs((100, 8), (10, 8)), 4, "basic")
     assert sorted((s.table, s.rank, s.col_start, s.cols) for s in p.shards) == [
-        ("t0", 0, 0, 2), ("t0", 1, 2, 2), ("t0", 2, 4, 2), ("t0", 3, 6, 2), ("t1", 0, 0, 8)]
+        ("t0", 0, 0, 2),
+        ("t0", 1, 2, 2),
+        ("t0", 2, 4, 2),
+        ("t0", 3, 6, 2),
+        ("t1", 0, 0, 8),
+    ]
 
 
 def test_tiny_tables_with_many_ranks_terminate():
@@ -78,24 +100,39 @@ def test_slices_of_one_table_on_one_rank_merge():
     assert [(s.rank, s.col_start, s.cols) for s in p.shards] == [(0, 0, 4), (1, 4, 4)]
     p = plan(specs((100, 8), (1000, 8)), 2, "memory_optimized", column_slice_threshold=400)
     assert sorted((s.table, s.rank, s.cols) for s in p.shards if s.table == "t0") == [
-        ("t0", 0, 4), ("t0", 1, 4)]
+        ("t0", 0, 4),
+        ("t0", 1, 4),
+    ]
 
 
 def test_data_parallel_and_row_slice_thresholds():
-    p = plan(specs((10, 2), (1000, 2), (101, 2)), 2, "basic",
-             data_parallel_threshold=20, row_slice_threshold=202)
+    p = plan(
+        specs((10, 2), (1000, 2), (101, 2)),
+        2,
+        "basic",
+        data_parallel_threshold=20,
+        row_slice_threshold=202,
+    )
     assert [(s.table, s.rank, s.kind, s.row_start, s.rows) for s in p.shards] == [
-        ("t0", 0, DP, 0, 10), ("t1", 0, RW, 0, 500), ("t2", 0, RW, 0, 51),
-        ("t0", 1, DP, 0, 10), ("t1", 1, RW, 500, 500), ("t2", 1, RW, 51, 50)]
+        ("t0", 0, DP, 0, 10),
+        ("t1", 0, RW, 0, 500),
+        ("t2", 0, RW, 0, 51),
+        ("t0", 1, DP, 0, 10),
+        ("t1", 1, RW, 500, 500),
+        ("t2", 1, RW, 51, 50),
+    ]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(world_size=0), "world_size must be an int >= 1. Received: world_size=0"),
-    (dict(world_size=2, strategy="foo"), "Received: strategy='foo'"),
-    (dict(world_size=2, column_slice_threshold=0), "Received: column_slice_threshold=0"),
-    (dict(world_size=2, row_slice_threshold=-5), "Received: row_slice_threshold=-5"),
-    (dict(world_size=2, data_parallel_threshold=1.5), "Received: data_parallel_threshold=1.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(world_size=0), "world_size must be an int >= 1. Received: world_size=0"),
+        (dict(world_size=2, strategy="foo"), "Received: strategy='foo'"),
+        (dict(world_size=2, column_slice_threshold=0), "Received: column_slice_threshold=0"),
+        (dict(world_size=2, row_slice_threshold=-5), "Received: row_slice_threshold=-5"),
+        (dict(world_size=2, data_parallel_threshold=1.5), "Received: data_parallel_threshold=1.5"),
+    ],
+)
 def test_invalid_options_name_the_option(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan(specs((10, 2)), **kwargs)
@@ -127,23 +164,27 @@ def test_summary_reports_bytes_and_slots():
 
 # ---- properties ----------------------------------------------------------------------------
 
-table_shapes = st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 64)), min_size=1,
-                        max_size=12)
-options = st.fixed_dictionaries({
-    "world_size": st.integers(1, 9),
-    "strategy": st.sampled_from(["basic", "memory_balanced", "memory_optimized"]),
-    "column_slice_threshold": st.one_of(st.none(), st.integers(1, 200_000)),
-    "data_parallel_threshold": st.one_of(st.none(), st.integers(1, 2000)),
-    "row_slice_threshold": st.one_of(st.none(), st.integers(50_000, 400_000)),
-})
+table_shapes = st.lists(
+    st.tuples(st.integers(1, 5000), st.integers(1, 64)), min_size=1, max_size=12
+)
+options = st.fixed_dictionaries(
+    {
+        "world_size": st.integers(1, 9),
+        "strategy": st.sampled_from(["basic", "memory_balanced", "memory_optimized"]),
+        "column_slice_threshold": st.one_of(st.none(), st.integers(1, 200_000)),
+        "data_parallel_threshold": st.one_of(st.none(), st.integers(1, 2000)),
+        "row_slice_threshold": st.one_of(st.none(), st.integers(50_000, 400_000)),
+    }
+)
 
 
 def make_plan(shapes, opts):
     tables = specs(*shapes)
     n = opts["world_size"]
     if opts["row_slice_threshold"]:  # row slicing needs at least one row per rank
-        tables = [t for t in tables if not (t.elements >= opts["row_slice_threshold"]
-                                            and t.rows < n)] or specs((n, 1))
+        tables = [
+            t for t in tables if not (t.elements >= opts["row_slice_threshold"] and t.rows < n)
+        ] or specs((n, 1))
     kw = {k: v for k, v in opts.items() if k != "world_size"}
     return tables, plan(tables, n, **kw)
 
@@ -161,8 +202,16 @@ def test_every_element_is_owned_exactly_once_or_replicated(shapes, opts):
             assert sorted(s.rank for s in shards) == list(range(n))
             assert all((s.rows, s.cols) == (t.rows, t.dim) for s in shards)
             continue
-        cells = [(r, c) for s in shards for r in range(s.row_start, s.row_start + s.rows)
-                 for c in range(s.col_start, s.col_start + s.cols)] if t.elements < 4000 else None
+        cells = (
+            [
+                (r, c)
+                for s in shards
+                for r in range(s.row_start, s.row_start + s.rows)
+                for c in range(s.col_start, s.col_start + s.cols)
+            ]
+            if t.elements < 4000
+            else None
+        )
         if cells is not None:
             assert sorted(cells) == [(r, c) for r in range(t.rows) for c in range(t.dim)]
         assert sum(s.elements for s in shards) == t.elements
@@ -178,7 +227,8 @@ def test_plans_are_deterministic_and_bytes_add_up(shapes, opts):
     assert again == p and again.to_dict() == p.to_dict()
     replicas = {t.name: (p.world_size if p.kind_of(t.name) is DP else 1) for t in tables}
     assert sum(p.rank_elements(r) for r in range(p.world_size)) == sum(
-        t.elements * replicas[t.name] for t in tables)
+        t.elements * replicas[t.name] for t in tables
+    )
 
 
 # ---- Criteo balance: the documented option set --------------------------------------------

@@ -1,6 +1,7 @@
 """A shard starts with the distribution of its whole table (fan-based initializers corrected),
 with a seed of its own on several ranks, and whole-matrix initializers give slices of one
 whole draw."""
+
 import os
 
 import numpy as np
@@ -10,12 +11,15 @@ import tensorflow as tf
 from merlin_models_de.backends.shard_init import SliceOfWhole, for_shard
 
 
-@pytest.mark.parametrize("name, mode, table, shard, scale", [
-    ("glorot_uniform", "fan_avg", (64, 64), (64, 32), 96 / 128),  # column slice
-    ("glorot_normal", "fan_avg", (4000, 16), (2000, 16), 2016 / 4016),  # row slice
-    ("he_uniform", "fan_in", (4000, 16), (2000, 16), 2000 / 4000),  # He: 2 x 0.5
-    ("lecun_normal", "fan_in", (64, 64), (64, 32), 1.0),  # fan_in is the rows: unchanged
-])
+@pytest.mark.parametrize(
+    "name, mode, table, shard, scale",
+    [
+        ("glorot_uniform", "fan_avg", (64, 64), (64, 32), 96 / 128),  # column slice
+        ("glorot_normal", "fan_avg", (4000, 16), (2000, 16), 2016 / 4016),  # row slice
+        ("he_uniform", "fan_in", (4000, 16), (2000, 16), 2000 / 4000),  # He: 2 x 0.5
+        ("lecun_normal", "fan_in", (64, 64), (64, 32), 1.0),  # fan_in is the rows: unchanged
+    ],
+)
 def test_variance_scaling_gets_the_whole_tables_variance(name, mode, table, shard, scale):
     init = tf.keras.initializers.get(name)
     got = for_shard(init, table, shard)
@@ -37,8 +41,9 @@ def test_uniform_glorot_shard_spans_the_tables_limit():
     assert limit * 0.99 < top <= limit * (1 + 1e-6)  # the shard's own limit would be 0.25
 
 
-@pytest.mark.parametrize("init", ["uniform", tf.keras.initializers.TruncatedNormal(stddev=0.05),
-                                  "zeros"])
+@pytest.mark.parametrize(
+    "init", ["uniform", tf.keras.initializers.TruncatedNormal(stddev=0.05), "zeros"]
+)
 def test_shape_independent_initializers_are_kept(init):
     init = tf.keras.initializers.get(init)
     assert for_shard(init, (4000, 16), (2000, 16)) is init
@@ -54,8 +59,9 @@ def test_orthogonal_shards_are_slices_of_one_whole_draw():
     init = tf.keras.initializers.Orthogonal()
     halves = []
     for start in ((0, 0), (32, 0)):
-        got = for_shard(init, (64, 16), (32, 16), start=start, table="t", base_seed=11,
-                        shared_seed=5)
+        got = for_shard(
+            init, (64, 16), (32, 16), start=start, table="t", base_seed=11, shared_seed=5
+        )
         assert isinstance(got, SliceOfWhole)
         halves.append(got((32, 16)).numpy())
     table = np.concatenate(halves)
@@ -68,8 +74,9 @@ def test_each_shard_gets_its_own_seed_on_several_ranks():
     init = tf.keras.initializers.get("uniform")
 
     def draw(table, start):
-        return for_shard(init, (64, 8), (32, 8), start=start, table=table,
-                         base_seed=7)((32, 8)).numpy()
+        return for_shard(init, (64, 8), (32, 8), start=start, table=table, base_seed=7)(
+            (32, 8)
+        ).numpy()
 
     first, second, other = draw("t", (0, 0)), draw("t", (32, 0)), draw("u", (0, 0))
     assert np.abs(first - second).max() > 0.01 and np.abs(first - other).max() > 0.01
@@ -151,13 +158,23 @@ def test_drawing_by_blocks_holds_one_copy_of_a_large_shard(tmp_path):
         "else:\n"
         "    v = tf.Variable(tf.zeros(shape))\n"
         "    fill_by_rows(v, row_blocks(init, shape, tf.float32))\n"
-        "print((status('VmHWM:') - base) / size)\n")
+        "print((status('VmHWM:') - base) / size)\n"
+    )
+
     def peaks(onednn: str) -> dict:
         env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
-        return {how: float(subprocess.run([sys.executable, str(probe), how], check=True,
-                                          capture_output=True, text=True, env=env
-                                          ).stdout.split()[-1])
-                for how in ("whole", "blocks")}
+        return {
+            how: float(
+                subprocess.run(
+                    [sys.executable, str(probe), how],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                ).stdout.split()[-1]
+            )
+            for how in ("whole", "blocks")
+        }
 
     copies = peaks("0")
     assert 0.9 < copies["blocks"] < 1.5 < 2.5 < copies["whole"], copies

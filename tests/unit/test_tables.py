@@ -1,28 +1,41 @@
 """Schema -> TableSpec: rows, shared tables, dims, combiners and the errors."""
+
 import numpy as np
 import pytest
 from merlin.schema import ColumnSchema, Schema, Tags
 
 from merlin_models_de.tables import FeatureSpec, TableSpec, feature_order, tables_from_schema
-from tests.unit.helpers import cat
+from tests.schemas import cat
 
 
 def test_rows_are_max_plus_one_and_targets_are_skipped():
-    schema = Schema([cat("user", 99), cat("item", 9),
-                     cat("click", 1, tags=[Tags.TARGET]),
-                     ColumnSchema("price", tags=[Tags.CONTINUOUS], dtype=np.float32)])
+    schema = Schema(
+        [
+            cat("user", 99),
+            cat("item", 9),
+            cat("click", 1, tags=[Tags.TARGET]),
+            ColumnSchema("price", tags=[Tags.CONTINUOUS], dtype=np.float32),
+        ]
+    )
     tables = tables_from_schema(schema, dim=8)
     assert [(t.name, t.rows, t.dim) for t in tables] == [("user", 100, 8), ("item", 10, 8)]
     assert tables[0].features == (FeatureSpec("user", "user", False, None),)
 
 
 def test_shared_domain_name_gives_one_table_with_both_features():
-    schema = Schema([cat("genres", 50, domain_name="genres", multi_hot=True),
-                     cat("fav_genre", 50, domain_name="genres"), cat("item", 9)])
+    schema = Schema(
+        [
+            cat("genres", 50, domain_name="genres", multi_hot=True),
+            cat("fav_genre", 50, domain_name="genres"),
+            cat("item", 9),
+        ]
+    )
     tables = tables_from_schema(schema, dim=4, combiner="sum")
     assert [t.name for t in tables] == ["genres", "item"]
-    assert tables[0].features == (FeatureSpec("genres", "genres", True, "sum"),
-                                  FeatureSpec("fav_genre", "genres", False, None))
+    assert tables[0].features == (
+        FeatureSpec("genres", "genres", True, "sum"),
+        FeatureSpec("fav_genre", "genres", False, None),
+    )
     assert [f.name for f in feature_order(tables)] == ["genres", "fav_genre", "item"]
 
 
@@ -47,11 +60,19 @@ def test_table_spec_round_trip_and_bytes():
     assert t.bytes() == 10 * 3 * 4
 
 
-@pytest.mark.parametrize("column, message", [
-    (ColumnSchema("nodomain", tags=[Tags.CATEGORICAL], dtype=np.int64),
-     "Categorical column 'nodomain' has no cardinality"),
-    (cat("zero", 0), "Categorical column 'zero' needs int_domain.max > 0. Received: int_domain.max=0"),
-])
+@pytest.mark.parametrize(
+    "column, message",
+    [
+        (
+            ColumnSchema("nodomain", tags=[Tags.CATEGORICAL], dtype=np.int64),
+            "Categorical column 'nodomain' has no cardinality",
+        ),
+        (
+            cat("zero", 0),
+            "Categorical column 'zero' needs int_domain.max > 0. Received: int_domain.max=0",
+        ),
+    ],
+)
 def test_bad_cardinality_names_the_column(column, message):
     with pytest.raises(ValueError, match=message):
         tables_from_schema(Schema([column]), dim=4)
@@ -59,8 +80,11 @@ def test_bad_cardinality_names_the_column(column, message):
 
 def test_a_raw_string_column_points_at_categorify():
     raw = ColumnSchema("item_id", tags=[Tags.CATEGORICAL], dtype=str)
-    with pytest.raises(ValueError, match=r"Categorical column 'item_id' has no cardinality.*"
-                                         r"NVTabular's Categorify.*Received: dtype='str"):
+    with pytest.raises(
+        ValueError,
+        match=r"Categorical column 'item_id' has no cardinality.*"
+        r"NVTabular's Categorify.*Received: dtype='str",
+    ):
         tables_from_schema(Schema([raw]), dim=4)
     score = ColumnSchema("score", dtype=np.float32)
     with pytest.raises(ValueError, match=r"'score' has no cardinality.*tag it CONTINUOUS"):
@@ -69,7 +93,9 @@ def test_a_raw_string_column_points_at_categorify():
 
 def test_shared_table_disagreeing_on_rows_or_dim():
     schema = Schema([cat("a", 9, domain_name="g"), cat("b", 19, domain_name="g")])
-    with pytest.raises(ValueError, match=r"'a' and 'b' share table 'g' but disagree on rows: 10 != 20"):
+    with pytest.raises(
+        ValueError, match=r"'a' and 'b' share table 'g' but disagree on rows: 10 != 20"
+    ):
         tables_from_schema(schema, dim=4)
     schema = Schema([cat("a", 9, domain_name="g"), cat("b", 9, domain_name="g")])
     with pytest.raises(ValueError, match=r"disagree on dim: 4 != 8. Received: dim=8 for 'b'"):
@@ -80,9 +106,13 @@ def test_unknown_combiner_and_unknown_dim_key():
     schema = Schema([cat("a", 9, multi_hot=True)])
     with pytest.raises(ValueError, match=r"feature 'a'.*Received: combiner='max'"):
         tables_from_schema(schema, dim=4, combiner="max")
-    with pytest.raises(ValueError, match=r"dim names features or tables that are not in the schema: \['nope'\]"):
+    with pytest.raises(
+        ValueError, match=r"dim names features or tables that are not in the schema: \['nope'\]"
+    ):
         tables_from_schema(schema, dim={"nope": 4})
-    with pytest.raises(ValueError, match=r"dim for feature 'a' must be a positive int. Received: dim=0"):
+    with pytest.raises(
+        ValueError, match=r"dim for feature 'a' must be a positive int. Received: dim=0"
+    ):
         tables_from_schema(schema, dim=0)
 
 

@@ -2,14 +2,15 @@
 Merlin's own ``mm.CategoricalOutput(to_call=mm.Embeddings(...)["item"])`` with the same
 weights: the same logits, and ``fit`` gives the same per-step losses and final weights, both
 through the full logits and through the vocab-parallel loss (``vocab_parallel=True``). The
-2-rank version is tests/unit/horovod/test_tied_output.py."""
+2-rank version is tests/ranks/test_tied_output.py."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.unit.helpers import diagonal
-from tests.unit.horovod import tied_reference as tr
-from tests.unit.horovod.fit_common import LossRecorder
+from tests.ranks import tied_reference as tr
+from tests.ranks.oracle_dlrm import LossRecorder
+from tests.tiers import diagonal
 
 BATCH, STEPS = 16, 4
 TOP_K_METRICS = ("recall_at_10", "mrr_at_10", "ndcg_at_10", "map_at_10", "precision_at_10")
@@ -24,8 +25,9 @@ def pair(spec):
     merlin(first)
     ours, block = tr.build_model(dict(spec, block="de"))
     ours(first)
-    tr.restore(ours, block, {f"w/{k}": v for k, v in tr.snapshot(merlin, merlin_block).items()},
-               "w")
+    tr.restore(
+        ours, block, {f"w/{k}": v for k, v in tr.snapshot(merlin, merlin_block).items()}, "w"
+    )
     return (merlin, merlin_block), (ours, block), x, y
 
 
@@ -38,14 +40,25 @@ def test_logits_equal_merlins_categorical_output(vocab_parallel):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("vocab_parallel, optimizer_mode", diagonal(
-    [None, True], [("sgd", False), ("adagrad", True)],
-    ids=(lambda v: "vocab_parallel" if v else "logits",
-         lambda o: f"{o[0]}-{'eager' if o[1] else 'graph'}")))
+@pytest.mark.parametrize(
+    "vocab_parallel, optimizer_mode",
+    diagonal(
+        [None, True],
+        [("sgd", False), ("adagrad", True)],
+        ids=(
+            lambda v: "vocab_parallel" if v else "logits",
+            lambda o: f"{o[0]}-{'eager' if o[1] else 'graph'}",
+        ),
+    ),
+)
 def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer_mode):
     optimizer, eager = optimizer_mode
-    spec = {"vocab_parallel": vocab_parallel, "chunk_rows": 7, "optimizer": optimizer,
-            "eager": eager}
+    spec = {
+        "vocab_parallel": vocab_parallel,
+        "chunk_rows": 7,
+        "optimizer": optimizer,
+        "eager": eager,
+    }
     (merlin, merlin_block), (ours, block), x, y = pair(spec)
     want = tr.train(merlin, x, y, BATCH, spec, 0.5)
     got = tr.train(ours, x, y, BATCH, spec, 0.5)
@@ -61,17 +74,22 @@ def test_fit_equals_merlins_categorical_output(vocab_parallel, optimizer_mode):
     assert expected["recall_at_10"] > 0  # the comparison means something
 
 
-@pytest.mark.parametrize("vocab_parallel", [pytest.param(None, marks=pytest.mark.full), True],
-                         ids=["logits", "vocab_parallel"])
+@pytest.mark.parametrize(
+    "vocab_parallel",
+    [pytest.param(None, marks=pytest.mark.full), True],
+    ids=["logits", "vocab_parallel"],
+)
 def test_an_output_bias_trains_as_merlins(vocab_parallel):
     """``use_bias=True`` against Merlin's ``EmbeddingTablePrediction(use_bias=True)``:
     the same logits, per-step losses, tables, bias and top-k metrics."""
-    spec = {"vocab_parallel": vocab_parallel, "chunk_rows": 7, "optimizer": "adagrad",
-            "bias": True}
+    spec = {"vocab_parallel": vocab_parallel, "chunk_rows": 7, "optimizer": "adagrad", "bias": True}
     (merlin, merlin_block), (ours, block), x, y = pair(spec)
-    np.testing.assert_allclose(ours.predict(x, batch_size=BATCH, verbose=0),
-                               merlin.predict(x, batch_size=BATCH, verbose=0), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        ours.predict(x, batch_size=BATCH, verbose=0),
+        merlin.predict(x, batch_size=BATCH, verbose=0),
+        rtol=1e-6,
+        atol=1e-6,
+    )
     want = tr.train(merlin, x, y, BATCH, spec, 0.5)
     got = tr.train(ours, x, y, BATCH, spec, 0.5)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -91,23 +109,31 @@ def test_vocab_parallel_needs_its_target():
     ours, _ = tr.build_model({"block": "de", "vocab_parallel": True})
     x, _ = tr.split_xy(tr.make_data(8, seed=1))
     ours.compile(optimizer="sgd")
-    with pytest.raises(ValueError, match="tied output over table 'item' needs the target "
-                                         "'next_item'. Received targets: \\['other'\\]"):
+    with pytest.raises(
+        ValueError,
+        match="tied output over table 'item' needs the target "
+        "'next_item'. Received targets: \\['other'\\]",
+    ):
         ours.fit(x, {"other": np.zeros((8, 1), np.int64)}, batch_size=8, verbose=0)
 
 
 def test_the_table_handle_defaults_and_sharding():
     import merlin.models.tf as mm
 
-    from merlin_models_de.outputs.tied import TiedCategoricalOutput, TiedSoftmaxLoss, TiedTablePrediction
+    from merlin_models_de.outputs.tied import (
+        TiedCategoricalOutput,
+        TiedSoftmaxLoss,
+        TiedTablePrediction,
+    )
 
     _, block = tr.build_model({"block": "de"})
     for out in (TiedCategoricalOutput(to_call=block["item"]), mm.CategoricalOutput(block["item"])):
         assert isinstance(out.to_call, TiedTablePrediction)
         assert out.target == "prev_item"  # the table's first feature, as Merlin's default
         assert not out.to_call.vocab_parallel and not block["item"].sharded
-    forced = TiedCategoricalOutput(to_call=block["item"], target="next_item", vocab_parallel=True,
-                               logits_temperature=2.0)
+    forced = TiedCategoricalOutput(
+        to_call=block["item"], target="next_item", vocab_parallel=True, logits_temperature=2.0
+    )
     assert isinstance(forced.default_loss, TiedSoftmaxLoss)
     assert forced.default_metrics_fn() == ()
     assert forced.to_call.logits_temperature == 2.0 and forced.logits_temperature == 1.0
@@ -136,13 +162,19 @@ def test_sample_weights_weigh_the_vocab_parallel_loss_as_merlins():
     for model in (merlin, ours):
         model.compile(optimizer=tr.optimizer("sgd", 0.5))
         recorder = LossRecorder()
-        model.fit(tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(BATCH), verbose=0,
-                  callbacks=[recorder])
+        model.fit(
+            tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(BATCH),
+            verbose=0,
+            callbacks=[recorder],
+        )
         losses.append(recorder.losses)
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(tr.snapshot(ours, block)["table/item"],
-                               tr.snapshot(merlin, merlin_block)["table/item"], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        tr.snapshot(ours, block)["table/item"],
+        tr.snapshot(merlin, merlin_block)["table/item"],
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.full  # the sharded twin: horovod/test_tied_output.py
@@ -174,8 +206,11 @@ def test_a_saved_model_with_the_tied_output_reloads_onto_its_own_table(tmp_path)
 def test_a_table_name_no_block_holds_is_named():
     from merlin_models_de.outputs.tied import TiedTablePrediction
 
-    with pytest.raises(ValueError, match=r"Cannot bind table 'no_such_table': names are bound "
-                                         r"only while a model is rebuilt from its config"):
+    with pytest.raises(
+        ValueError,
+        match=r"Cannot bind table 'no_such_table': names are bound "
+        r"only while a model is rebuilt from its config",
+    ):
         TiedTablePrediction("no_such_table")
 
 

@@ -2,24 +2,27 @@
 process: ``top_k_model`` of a trained next-item model returns ``tf.math.top_k`` of its full
 logits (output bias included) and Merlin's top-k metrics of the exact target ranks. The
 2-rank version (sharded table, table-wise and row-sliced) is in
-tests/unit/horovod/test_tied_output.py."""
+tests/ranks/test_tied_output.py."""
+
 import numpy as np
 import pytest
-
-import merlin_models_de
 import tensorflow as tf
 
-from merlin_models_de.outputs.topk import ShardedTopK, sharded_top_k_layer, top_k_model
-from tests.unit.horovod import tied_reference as tr
+import merlin_models_de
+from merlin_models_de.outputs.topk import ShardedTopK, sharded_top_k_layer
+from tests.ranks import tied_reference as tr
 
 BATCH = 16
 
 
-@pytest.mark.parametrize("bias, vocab_parallel, chunk_rows", [
-    pytest.param(True, None, 7, marks=pytest.mark.full), (True, True, 50), (False, True, 3)])
+@pytest.mark.parametrize(
+    "bias, vocab_parallel, chunk_rows",
+    [pytest.param(True, None, 7, marks=pytest.mark.full), (True, True, 50), (False, True, 3)],
+)
 def test_top_k_model_returns_the_top_k_of_the_full_logits(bias, vocab_parallel, chunk_rows):
-    model, _ = tr.build_model({"block": "de", "bias": bias, "vocab_parallel": vocab_parallel,
-                               "chunk_rows": chunk_rows})
+    model, _ = tr.build_model(
+        {"block": "de", "bias": bias, "vocab_parallel": vocab_parallel, "chunk_rows": chunk_rows}
+    )
     x, y = tr.split_xy(tr.make_data(BATCH * 4, seed=3))
     tr.train(model, x, y, BATCH, {"optimizer": "adagrad"}, 0.5)
     logits = model({k: tf.constant(v) for k, v in x.items()}).numpy()
@@ -61,15 +64,23 @@ def test_bad_arguments_are_named():
     model, block = tr.build_model({"block": "de"})
     with pytest.raises(ValueError, match=r"needs k >= 1. Received: k=0"):
         ShardedTopK(block["item"], k=0)
-    with pytest.raises(ValueError, match=r"Cannot bind table 'nope': names are bound only "
-                                         r"while a model is rebuilt from its config"):
+    with pytest.raises(
+        ValueError,
+        match=r"Cannot bind table 'nope': names are bound only "
+        r"while a model is rebuilt from its config",
+    ):
         ShardedTopK("nope")
-    with pytest.raises(TypeError, match=r"takes a table of a DistributedEmbeddings block.*"
-                                        r"Received: EmbeddingTable"):
+    with pytest.raises(
+        TypeError,
+        match=r"takes a table of a DistributedEmbeddings block.*" r"Received: EmbeddingTable",
+    ):
         ShardedTopK(mm.Embeddings(tr.schema(), dim=4)["item"])
     with pytest.raises(NotImplementedError, match=r"scores table 'item' where it lies"):
         ShardedTopK(block["item"]).index(tf.zeros([3, 8]))
-    with pytest.raises(TypeError, match=r"from_output takes an output tied to a "
-                                        r"DistributedEmbeddings table. Received: Dense"):
+    with pytest.raises(
+        TypeError,
+        match=r"from_output takes an output tied to a "
+        r"DistributedEmbeddings table. Received: Dense",
+    ):
         ShardedTopK.from_output(tf.keras.layers.Dense(3))
     del model

@@ -2,8 +2,9 @@
 
 The oracle is TensorFlow's own full computation: ``sparse_softmax_cross_entropy_with_logits``
 and ``tf.math.top_k`` over ``hidden @ W^T + b``. The multi-process version of these checks is
-tests/unit/horovod/test_vocab_parallel.py.
+tests/ranks/test_vocab_parallel.py.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -44,11 +45,24 @@ def test_loss_and_gradients_equal_the_full_softmax(graph, chunk, bias):
     hidden, targets, table, b, weights = data(bias=bias)
 
     def run():
-        ours = losses_and_grads(lambda: sharded_softmax_cross_entropy(
-            hidden, targets, table, 0, ROWS, bias_rows=b, chunk_rows=chunk),
-            hidden, table, b, weights)
-        ref = losses_and_grads(lambda: tf.nn.sparse_softmax_cross_entropy_with_logits(
-            targets, full_logits(hidden, table, b)), hidden, table, b, weights)
+        ours = losses_and_grads(
+            lambda: sharded_softmax_cross_entropy(
+                hidden, targets, table, 0, ROWS, bias_rows=b, chunk_rows=chunk
+            ),
+            hidden,
+            table,
+            b,
+            weights,
+        )
+        ref = losses_and_grads(
+            lambda: tf.nn.sparse_softmax_cross_entropy_with_logits(
+                targets, full_logits(hidden, table, b)
+            ),
+            hidden,
+            table,
+            b,
+            weights,
+        )
         return ours, ref
 
     (losses, grads), (want, want_grads) = (tf.function(run) if graph else run)()
@@ -60,8 +74,9 @@ def test_loss_and_gradients_equal_the_full_softmax(graph, chunk, bias):
 
 def test_targets_of_shape_batch_by_one_and_int32():
     hidden, targets, table, b, _ = data()
-    got = sharded_softmax_cross_entropy(hidden, tf.cast(targets[:, None], tf.int32), table, 0,
-                                        ROWS, bias_rows=b, chunk_rows=7)
+    got = sharded_softmax_cross_entropy(
+        hidden, tf.cast(targets[:, None], tf.int32), table, 0, ROWS, bias_rows=b, chunk_rows=7
+    )
     want = tf.nn.sparse_softmax_cross_entropy_with_logits(targets, full_logits(hidden, table, b))
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
 
@@ -70,8 +85,7 @@ def test_large_logits_stay_finite():
     """The online log-sum-exp shifts by the running max: logits near 1e4 do not overflow."""
     hidden, targets, table, b, _ = data()
     hidden = hidden * 3000.0
-    got = sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS, bias_rows=b,
-                                        chunk_rows=4)
+    got = sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS, bias_rows=b, chunk_rows=4)
     want = tf.nn.sparse_softmax_cross_entropy_with_logits(targets, full_logits(hidden, table, b))
     assert np.all(np.isfinite(got.numpy()))
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4)
@@ -107,7 +121,7 @@ def graph_tensors(graph, seen=None):
     seen = set() if seen is None else seen
     for op in graph.get_operations():
         yield from ((op, out) for out in op.outputs)
-    for name, function in graph._functions.items():  # pylint: disable=protected-access
+    for name, function in graph._functions.items():
         if name not in seen:
             seen.add(name)
             yield from graph_tensors(function.graph, seen)
@@ -129,14 +143,18 @@ def test_no_batch_by_rows_tensor_in_forward_or_backward(bias):
         sources = [hidden, table] + ([b] if bias else [])
         with tf.GradientTape() as tape:
             tape.watch(hidden)
-            loss = sharded_softmax_cross_entropy(hidden, targets % rows, table, 0, rows,
-                                                 bias_rows=b, chunk_rows=chunk)
+            loss = sharded_softmax_cross_entropy(
+                hidden, targets % rows, table, 0, rows, bias_rows=b, chunk_rows=chunk
+            )
             total = tf.reduce_sum(loss * weights)
         return tape.gradient(total, sources)
 
     graph = step.get_concrete_function(tf.TensorSpec([None, dim])).graph
-    shapes = [(op.type, tuple(out.shape)) for op, out in graph_tensors(graph)
-              if out.dtype.is_floating and out.shape.rank == 2]
+    shapes = [
+        (op.type, tuple(out.shape))
+        for op, out in graph_tensors(graph)
+        if out.dtype.is_floating and out.shape.rank == 2
+    ]
     widths = {s[1] for _, s in shapes}
     assert {chunk, rows % chunk} <= widths  # the chunked logits are there
     too_big = [(t, s) for t, s in shapes if rows in s and set(s) != {rows, dim}]
@@ -152,37 +170,60 @@ def expect_error(match, fn):
 def test_bad_input_raises_naming_the_call_and_the_value():
     hidden, targets, table, b, _ = data()
     bad = tf.tensor_scatter_nd_update(targets, [[2]], tf.constant([ROWS + 7], tf.int64))
-    expect_error(r"'items'.*target ids must lie in the catalog.*\b30\b",
-                 lambda: sharded_softmax_cross_entropy(hidden, bad, table, 0, ROWS, name="items"))
-    expect_error(r"'items'.*target ids must lie in the catalog.*\n-1\n",
-                 lambda: sharded_softmax_cross_entropy(hidden, -tf.ones_like(targets), table,
-                                                       0, ROWS, name="items"))
-    expect_error(r"ranges must tile the catalog.*\b24\b",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS + 1))
-    expect_error(r"ranges must tile the catalog",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, table, 3, ROWS))
-    expect_error(r"as wide as the hidden states \(column-sliced",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, table[:, :2], 0, ROWS))
-    expect_error(r"same number of rows.*\b6\b.*\b5\b",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets[:5], table, 0, ROWS))
-    expect_error(r"bias_rows must be given.*one value per row",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS,
-                                                       bias_rows=b[:5]))
-    expect_error(r"targets must be integer item ids.*float32",
-                 lambda: sharded_softmax_cross_entropy(hidden, tf.cast(targets, tf.float32),
-                                                       table, 0, ROWS))
-    expect_error(r"chunk_rows must be a positive int. Received: 0",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS,
-                                                       chunk_rows=0))
-    expect_error(r"num_rows must be a positive int. Received: 0",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, 0))
-    expect_error(r"table_rows must be a \[rows, dim\] tensor of hidden's dtype float32.*float64",
-                 lambda: sharded_softmax_cross_entropy(hidden, targets, tf.cast(table, tf.float64),
-                                                       0, ROWS))
-    expect_error(r"sharded_top_k.*k must be at most the catalog size.*\b24\b.*\b23\b",
-                 lambda: sharded_top_k(hidden, ROWS + 1, table, 0))
-    expect_error(r"sharded_top_k.*k must be a positive int. Received: 0",
-                 lambda: sharded_top_k(hidden, 0, table, 0))
+    expect_error(
+        r"'items'.*target ids must lie in the catalog.*\b30\b",
+        lambda: sharded_softmax_cross_entropy(hidden, bad, table, 0, ROWS, name="items"),
+    )
+    expect_error(
+        r"'items'.*target ids must lie in the catalog.*\n-1\n",
+        lambda: sharded_softmax_cross_entropy(
+            hidden, -tf.ones_like(targets), table, 0, ROWS, name="items"
+        ),
+    )
+    expect_error(
+        r"ranges must tile the catalog.*\b24\b",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS + 1),
+    )
+    expect_error(
+        r"ranges must tile the catalog",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, table, 3, ROWS),
+    )
+    expect_error(
+        r"as wide as the hidden states \(column-sliced",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, table[:, :2], 0, ROWS),
+    )
+    expect_error(
+        r"same number of rows.*\b6\b.*\b5\b",
+        lambda: sharded_softmax_cross_entropy(hidden, targets[:5], table, 0, ROWS),
+    )
+    expect_error(
+        r"bias_rows must be given.*one value per row",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS, bias_rows=b[:5]),
+    )
+    expect_error(
+        r"targets must be integer item ids.*float32",
+        lambda: sharded_softmax_cross_entropy(hidden, tf.cast(targets, tf.float32), table, 0, ROWS),
+    )
+    expect_error(
+        r"chunk_rows must be a positive int. Received: 0",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, ROWS, chunk_rows=0),
+    )
+    expect_error(
+        r"num_rows must be a positive int. Received: 0",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, table, 0, 0),
+    )
+    expect_error(
+        r"table_rows must be a \[rows, dim\] tensor of hidden's dtype float32.*float64",
+        lambda: sharded_softmax_cross_entropy(hidden, targets, tf.cast(table, tf.float64), 0, ROWS),
+    )
+    expect_error(
+        r"sharded_top_k.*k must be at most the catalog size.*\b24\b.*\b23\b",
+        lambda: sharded_top_k(hidden, ROWS + 1, table, 0),
+    )
+    expect_error(
+        r"sharded_top_k.*k must be a positive int. Received: 0",
+        lambda: sharded_top_k(hidden, 0, table, 0),
+    )
 
 
 def test_bad_targets_raise_in_graph_mode_too():

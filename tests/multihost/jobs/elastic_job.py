@@ -11,6 +11,7 @@ each step, the checkpoint each start restored, the final weights.
 
 Usage: python -m tests.multihost.jobs.elastic_job DATA.npz OUT_DIR [LOOP [HOW]]
 """
+
 import json
 import os
 import sys
@@ -27,10 +28,11 @@ HOSTS_WAIT = 120  # seconds the ranks wait for a change of hosts
 
 
 def build_for(n, x, loop="fit"):
-    from tests.unit.horovod import fit_common as fc
+    from tests.ranks import oracle_dlrm as fc
 
-    spec = dict(optimizer="adagrad", strategy="memory_balanced", column=4000, world_size=n,
-                per_rank=G // n)
+    spec = dict(
+        optimizer="adagrad", strategy="memory_balanced", column=4000, world_size=n, per_rank=G // n
+    )
     model = fc.build_model(spec)
     model(fc.take(x, 0, 2))
     if loop == "fit":
@@ -63,13 +65,14 @@ def main(src, out, loop="fit", how="kill"):
     from merlin_models_de import comm
     from merlin_models_de.elastic.state import ShardedState, run
     from merlin_models_de.persistence.checkpoint import latest_checkpoint
-    from tests.unit.horovod import fit_common as fc
+    from tests.ranks import oracle_dlrm as fc
 
     data = dict(np.load(src, allow_pickle=True))
     data.pop("spec", None)
     x, y = fc.split_xy(data, {})
-    state = ShardedState(lambda: build_for(comm.size(), x, loop), os.path.join(out, "ckpt"),
-                         commit_every=EVERY)
+    state = ShardedState(
+        lambda: build_for(comm.size(), x, loop), os.path.join(out, "ckpt"), commit_every=EVERY
+    )
     record = {"loss": {}, "world": {}, "starts": []}
 
     def step_begins():
@@ -109,30 +112,46 @@ def main(src, out, loop="fit", how="kill"):
     @run
     def train(state):
         n, r = comm.size(), comm.rank()
-        record["starts"].append((state.step, n, os.path.basename(
-            latest_checkpoint(state.directory) or "")))
+        record["starts"].append(
+            (state.step, n, os.path.basename(latest_checkpoint(state.directory) or ""))
+        )
         if loop == "fit":
             rows = fc.rank_rows((STEPS - state.step) * G, G // n, n, r) + state.step * G
-            state.model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=G // n,
-                            epochs=1, shuffle=False, verbose=0,
-                            callbacks=[Record(), state.callback()])
+            state.model.fit(
+                {k: v[rows] for k, v in x.items()},
+                y[rows],
+                batch_size=G // n,
+                epochs=1,
+                shuffle=False,
+                verbose=0,
+                callbacks=[Record(), state.callback()],
+            )
             return
         while state.step < STEPS:
             step_begins()
             rows = fc.rank_rows(G, G // n, n, r) + state.step * G
-            step_ended(custom_step(state.model, {k: tf.constant(v[rows]) for k, v in x.items()},
-                                   tf.constant(y[rows])))
+            step_ended(
+                custom_step(
+                    state.model,
+                    {k: tf.constant(v[rows]) for k, v in x.items()},
+                    tf.constant(y[rows]),
+                )
+            )
             state.after_step()
 
     train(state)
     final = fc.snapshot(state.model)
     if HOST == "h1":  # the process that saw every step (its rank may change at a reset)
         steps = sorted(record["loss"])
-        np.savez(os.path.join(out, "elastic.npz"), steps=np.array(steps),
-                 losses=np.array([record["loss"][s] for s in steps]),
-                 worlds=np.array([record["world"][s] for s in steps]),
-                 starts=json.dumps(record["starts"]), commits=json.dumps(state.commits),
-                 **final)
+        np.savez(
+            os.path.join(out, "elastic.npz"),
+            steps=np.array(steps),
+            losses=np.array([record["loss"][s] for s in steps]),
+            worlds=np.array([record["world"][s] for s in steps]),
+            starts=json.dumps(record["starts"]),
+            commits=json.dumps(state.commits),
+            **final,
+        )
 
 
 if __name__ == "__main__":

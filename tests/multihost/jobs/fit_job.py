@@ -1,10 +1,11 @@
-"""Multi-host fit job: the fit oracle's DLRM (tests/unit/horovod/fit_common) trained from the
+"""Multi-host fit job: the fit oracle's DLRM (tests/ranks/oracle_dlrm) trained from the
 reference's initial weights on this rank's rows; rank 0 writes the final full weights, the
 mean per-step losses and each rank's host, and every rank writes a sharded checkpoint.
 
 Usage (under horovodrun): python -m tests.multihost.jobs.fit_job IN.npz REF.npz OUT_DIR
 With REF.npz = "-" it restores OUT_DIR/restore-from instead and writes what it restored.
 """
+
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ def main(src, ref_path, out):
     watchdog.start()
     from merlin_models_de import comm
     from merlin_models_de.persistence.checkpoint import restore_checkpoint, save_checkpoint
-    from tests.unit.horovod import fit_common as fc
+    from tests.ranks import oracle_dlrm as fc
 
     data = dict(np.load(src, allow_pickle=True))
     spec = dict(json.loads(str(data.pop("spec"))), world_size=comm.size())
@@ -44,8 +45,15 @@ def main(src, ref_path, out):
             watchdog.progress()
 
     losses = Beat()
-    model.fit(x_mine, y_mine, batch_size=spec["per_rank"], epochs=1, shuffle=False, verbose=0,
-              callbacks=[losses])
+    model.fit(
+        x_mine,
+        y_mine,
+        batch_size=spec["per_rank"],
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[losses],
+    )
     final = fc.snapshot(model)
     per_step = np.mean(comm.allgather_object(losses.losses), axis=0)
     save_checkpoint(model, os.path.join(out, "ckpt"))

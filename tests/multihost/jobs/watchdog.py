@@ -1,6 +1,7 @@
 """A rank that makes no progress for MMDE_WATCHDOG seconds prints "rank R on host H stuck for
 S s", dumps its stacks and exits 3, which makes horovodrun end the job: a hang never stalls
 a test. Jobs call ``progress()`` at each step."""
+
 import faulthandler
 import os
 import socket
@@ -29,8 +30,10 @@ def start(limit=None):
             time.sleep(1)
             idle = time.monotonic() - _last[0]
             if idle > limit:
-                sys.stderr.write(f"\n[merlin-models-de] rank {rank} on host "
-                                 f"{host()} stuck for {idle:.0f}s; its stacks:\n")
+                sys.stderr.write(
+                    f"\n[merlin-models-de] rank {rank} on host "
+                    f"{host()} stuck for {idle:.0f}s; its stacks:\n"
+                )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
                 os._exit(3)

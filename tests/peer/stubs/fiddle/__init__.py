@@ -4,6 +4,7 @@
 ``build(cfg)`` calls it, building nested Configs first (one object per Config instance, as
 fiddle shares built objects); ``__fn_or_cls__`` and ``__arguments__`` as in fiddle.
 """
+
 import inspect
 
 
@@ -28,7 +29,7 @@ class Buildable:
                 arguments["__args__"] = list(args)
         object.__setattr__(self, "__arguments__", arguments)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # noqa: N807 (a module's __getattr__)
         args = object.__getattribute__(self, "__arguments__")
         if name in args:
             return args[name]
