@@ -36,24 +36,29 @@ run_stage() {
   [[ $rc -eq 0 ]] || STATUS=1
 }
 
+# Lint first, so a style error fails in seconds, not after the tests: ruff's checks and its
+# formatter (pyproject.toml [tool.ruff]).
+run_stage "lint: ruff check, ruff format --check" bash -c "ruff check . && ruff format --check ."
+if [[ $STATUS -ne 0 ]]; then echo "[test] SOME STAGES FAILED (lint)"; exit 1; fi
+
 # Every test module must import, also those whose tests skip here (a broken import in a
 # multi-process module would otherwise surface only after the single-process stage).
 run_stage "collect every test module" \
-  timeout 300 python -m pytest tests/unit --collect-only -q -p no:cacheprovider
+  timeout 300 python -m pytest tests/unit tests/commands tests/ranks --collect-only -q -p no:cacheprovider
 
 # tests/unit/test_docs.py (every code block of README and docs/, ~20 min) runs in the full
 # tier only (last stage) or by itself: `bash ci/docs.sh`.
-# Two pytest workers, a test file each at a time (its module fixtures built once): many of
-# these tests wait on a command they started (horovodrun, a second process), so the other
-# worker's test uses the core meanwhile.
+# tests/unit tests run in the pytest process, tests/commands start a command (horovodrun, a
+# second process). Two pytest workers, a test file each at a time (its module fixtures built
+# once): while a test waits on the command it started, the other worker's test uses the core.
 run_stage "single-process tests" \
-  timeout --kill-after=30 2700 python -m pytest tests/unit --ignore=tests/unit/horovod \
+  timeout --kill-after=30 2700 python -m pytest tests/unit tests/commands \
     --ignore=tests/unit/test_docs.py -n 2 --dist loadfile \
     -p no:cacheprovider --timeout=600 -q --durations=15 "$@"
 
 run_stage "horovodrun -np $NP tests" \
   timeout --kill-after=30 "$([[ $FULL == 1 ]] && echo 3600 || echo 2700)" horovodrun --gloo -np "$NP" -H "localhost:$NP" --network-interface lo \
-    python -m pytest tests/unit/horovod -p no:cacheprovider -q --durations=15 "$@"
+    python -m pytest tests/ranks -p no:cacheprovider -q --durations=15 "$@"
 
 # Hosts as network namespaces with their own sshd and hostname (scripts/netns_hosts.sh):
 # horovodrun in h1 starts ranks over ssh on h1..h3 (tests/multihost; they skip, saying why,

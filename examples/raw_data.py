@@ -7,6 +7,7 @@ rows never had. Deterministic for a seed.
 
 writes OUT_DIR/clicks/{train,valid}.parquet and OUT_DIR/events/{train,valid}.parquet.
 """
+
 import argparse
 import os
 
@@ -47,18 +48,28 @@ def click_log(rows: int, seed: int, unseen: float = 0.0) -> pd.DataFrame:
     age = rng.normal(35, 10, rows)
     age[rng.random(rows) < 0.1] = np.nan
     # clicks depend on the device and a few items, so a model has something to learn
-    device = rng.choice(np.array(["mobile", "desktop", "tablet"], dtype=object), rows,
-                        p=[0.6, 0.3, 0.1])
+    device = rng.choice(
+        np.array(["mobile", "desktop", "tablet"], dtype=object), rows, p=[0.6, 0.3, 0.1]
+    )
     logit = -1.0 + 0.8 * (device == "mobile") + 0.6 * np.isin(items, ["i0", "i1", "i2"])
     click = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int64)
-    return pd.DataFrame({
-        "user_id": _with_nulls(rng, users, 0.03), "item_id": items,
-        "category": categories, "device": _with_nulls(rng, device, 0.05), "tags": tags,
-        "price": price, "age": age, "click": click})
+    return pd.DataFrame(
+        {
+            "user_id": _with_nulls(rng, users, 0.03),
+            "item_id": items,
+            "category": categories,
+            "device": _with_nulls(rng, device, 0.05),
+            "tags": tags,
+            "price": price,
+            "age": age,
+            "click": click,
+        }
+    )
 
 
-def session_events(sessions: int, seed: int, unseen: float = 0.0,
-                   first_session: int = 0) -> pd.DataFrame:
+def session_events(
+    sessions: int, seed: int, unseen: float = 0.0, first_session: int = 0
+) -> pd.DataFrame:
     """One event per row: session id, timestamp, item id (string, Zipf-like, a few nulls)
     and the item's category; sessions of 2..12 events, rows in no particular order."""
     rng = np.random.default_rng(seed)
@@ -67,21 +78,26 @@ def session_events(sessions: int, seed: int, unseen: float = 0.0,
     items = _zipf_ids(rng, "p", count, 3000)
     fresh = rng.random(count) < unseen
     items[fresh] = _zipf_ids(rng, "p", int(fresh.sum()), 50, unseen_from=9000)
-    frame = pd.DataFrame({
-        "session_id": np.repeat(np.arange(first_session, first_session + sessions), lengths),
-        "timestamp": rng.integers(0, 10**6, count),
-        "item_id": _with_nulls(rng, items, 0.02),
-    })
-    frame["category"] = [None if i is None else f"k{int(i[1:]) % 40}"
-                         for i in frame["item_id"]]
+    frame = pd.DataFrame(
+        {
+            "session_id": np.repeat(np.arange(first_session, first_session + sessions), lengths),
+            "timestamp": rng.integers(0, 10**6, count),
+            "item_id": _with_nulls(rng, items, 0.02),
+        }
+    )
+    frame["category"] = [None if i is None else f"k{int(i[1:]) % 40}" for i in frame["item_id"]]
     return frame.sample(frac=1.0, random_state=seed).reset_index(drop=True)
 
 
 def write(out_dir: str, rows: int = 4000, sessions: int = 600, seed: int = 0) -> None:
     for name, train, valid in (
-            ("clicks", click_log(rows, seed), click_log(rows // 4, seed + 1, unseen=0.1)),
-            ("events", session_events(sessions, seed),
-             session_events(sessions // 4, seed + 1, unseen=0.1, first_session=10**6))):
+        ("clicks", click_log(rows, seed), click_log(rows // 4, seed + 1, unseen=0.1)),
+        (
+            "events",
+            session_events(sessions, seed),
+            session_events(sessions // 4, seed + 1, unseen=0.1, first_session=10**6),
+        ),
+    ):
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
         train.to_parquet(os.path.join(out_dir, name, "train.parquet"))
         valid.to_parquet(os.path.join(out_dir, name, "valid.parquet"))

@@ -7,6 +7,7 @@ against the trained model's own top-k.
 Reads OUT/sessions/model and OUT/sessions/items (examples/train_next_item.py); writes
 OUT/sessions/query (the query side) and OUT/sessions/items.faiss.
 """
+
 import argparse
 import time
 
@@ -19,8 +20,12 @@ def main(argv=None):
     parser.add_argument("sessions_dir")
     parser.add_argument("raw_events", help="raw session events (parquet)")
     parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--batch-rows", type=int, default=65536,
-                        help="table rows read and added to the index at a time")
+    parser.add_argument(
+        "--batch-rows",
+        type=int,
+        default=65536,
+        help="table rows read and added to the index at a time",
+    )
     parser.add_argument("--triton", help="write the Triton model repository here")
     args = parser.parse_args(argv)
 
@@ -28,8 +33,14 @@ def main(argv=None):
     import tensorflow as tf
     from merlin.io import Dataset
 
-    from merlin_models_de import (build_faiss_index, load_model, retrieval_ensemble,
-                                  save_query_model, top_k_model)
+    from merlin_models_de import (
+        build_faiss_index,
+        load_model,
+        retrieval_ensemble,
+        save_query_model,
+        top_k_model,
+    )
+    from merlin_models_de.apps.next_item.data import item_sequence_column
     from merlin_models_de.serving.ensemble import column_array, load_workflow
 
     d = args.sessions_dir
@@ -42,14 +53,19 @@ def main(argv=None):
     events = pd.read_parquet(args.raw_events)
     served = column_array(ensemble.transform(events), "candidate_ids").reshape(-1, args.k)
     served_at = time.perf_counter()
-    print(f"query side + index of {rows} items + ensemble in {built - start:.1f} s; "
-          f"{len(events)} raw events ({len(served)} sessions) served in "
-          f"{served_at - built:.2f} s")
+    print(
+        f"query side + index of {rows} items + ensemble in {built - start:.1f} s; "
+        f"{len(events)} raw events ({len(served)} sessions) served in "
+        f"{served_at - built:.2f} s"
+    )
 
-    sessions = load_workflow(f"{d}/workflow").transform(Dataset(events)).to_ddf().compute()
-    seq = tf.ragged.constant(sessions["item_id"].tolist(), dtype=tf.int64)
-    _, want = top_k_model(model, k=args.k)({"item_id__values": seq.flat_values,
-                                            "item_id__offsets": seq.row_splits})
+    workflow = load_workflow(f"{d}/workflow")
+    item, _ = item_sequence_column(workflow.output_schema, "sessions_dir", d)
+    sessions = workflow.transform(Dataset(events)).to_ddf().compute()
+    seq = tf.ragged.constant(sessions[item].tolist(), dtype=tf.int64)
+    _, want = top_k_model(model, k=args.k)(
+        {f"{item}__values": seq.flat_values, f"{item}__offsets": seq.row_splits}
+    )
     same = float(np.mean(served == want.numpy()))
     print(f"top-{args.k} ids equal to the model's own top-k: {same:.1%} of positions")
     if args.triton:

@@ -7,6 +7,7 @@ workflow's output, then exported as a Triton model repository.
 
 MODEL_DIR: what ``model.save`` wrote (e.g. the DLRM command's ``--export``).
 """
+
 import argparse
 import time
 
@@ -30,15 +31,18 @@ def main(argv=None):
     from merlin_models_de.serving.ensemble import column_array, serving_workflow
 
     start = time.perf_counter()
-    ensemble = ranking_ensemble(f"{args.clicks_dir}/workflow", args.model_dir,
-                                label_columns=[args.label])
+    ensemble = ranking_ensemble(
+        f"{args.clicks_dir}/workflow", args.model_dir, label_columns=[args.label]
+    )
     raw = pd.read_parquet(args.raw_rows).drop(columns=[args.label], errors="ignore")
     built = time.perf_counter()
     (name,) = ensemble.output_schema.column_names
     served = column_array(ensemble.transform(raw), name).reshape(-1)
     served_at = time.perf_counter()
-    print(f"ensemble built in {built - start:.1f} s; {len(raw)} raw rows served in "
-          f"{served_at - built:.2f} s")
+    print(
+        f"ensemble built in {built - start:.1f} s; {len(raw)} raw rows served in "
+        f"{served_at - built:.2f} s"
+    )
 
     # the same rows through the workflow, then model.predict
     workflow = serving_workflow(f"{args.clicks_dir}/workflow", [args.label])
@@ -48,8 +52,10 @@ def main(argv=None):
     if isinstance(want, dict):  # Merlin predicts {task: scores}
         (want,) = want.values()
     want = np.asarray(want).reshape(-1)
-    print(f"max |served - model.predict| = {np.max(np.abs(served - want)):.3g} "
-          f"over {len(want)} rows")
+    print(
+        f"max |served - model.predict| = {np.max(np.abs(served - want)):.3g} "
+        f"over {len(want)} rows"
+    )
     if args.triton:
         ensemble.export(args.triton)
         print(f"Triton model repository in {args.triton}")

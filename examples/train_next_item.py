@@ -12,14 +12,18 @@ The model: the session's item ids (a list column from NVTabular's Groupby) throu
 ``mm.CategoricalOutput`` tied to the item table; trained to predict each session's last item
 (``mm.SequencePredictLast``).
 """
+
 import argparse
 import os
 
 
-def item_column(schema) -> str:
-    from merlin.schema import Tags
+def item_column(schema, directory: str = "") -> str:
+    """The item-id list column (``item_id_list`` from preprocess.py): the one list column
+    tagged ITEM and ID, as the next-item command finds it (Groupby's ``item_id_count``
+    carries the tags too, but is a scalar)."""
+    from merlin_models_de.apps.next_item.data import item_sequence_column
 
-    (name,) = schema.select_by_tag(Tags.ITEM_ID).column_names
+    name, _ = item_sequence_column(schema, "sessions_dir", directory)
     return name
 
 
@@ -32,10 +36,14 @@ def build_model(schema, dim: int = 16, row_slice_threshold=None):
 
     item = item_column(schema)
     inputs = schema.select_by_name([item])
-    block = mm.DistributedEmbeddings(inputs, dim=dim, sequence_combiner="mean",
-                                     row_slice_threshold=row_slice_threshold)
-    model = mm.Model(mm.InputBlockV2(inputs, categorical=block), mm.MLPBlock([dim]),
-                     mm.CategoricalOutput(to_call=block[item]))
+    block = mm.DistributedEmbeddings(
+        inputs, dim=dim, sequence_combiner="mean", row_slice_threshold=row_slice_threshold
+    )
+    model = mm.Model(
+        mm.InputBlockV2(inputs, categorical=block),
+        mm.MLPBlock([dim]),
+        mm.CategoricalOutput(to_call=block[item]),
+    )
     return model, block
 
 
@@ -52,9 +60,13 @@ def loader(directory: str, batch_size: int):
     from merlin.io import Dataset
 
     data = Dataset(directory, engine="parquet")
-    schema = data.schema.select_by_name([item_column(data.schema)])
-    return mm.Loader(Dataset(directory, engine="parquet", schema=schema),
-                     batch_size=batch_size, shuffle=False, drop_last=True)
+    schema = data.schema.select_by_name([item_column(data.schema, directory)])
+    return mm.Loader(
+        Dataset(directory, engine="parquet", schema=schema),
+        batch_size=batch_size,
+        shuffle=False,
+        drop_last=True,
+    )
 
 
 def main(argv=None):
@@ -64,14 +76,18 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32, help="sessions per rank per step")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=0.01)
-    parser.add_argument("--row-slice-threshold", type=int, default=1024,
-                        help="elements from which the item table is split by rows")
+    parser.add_argument(
+        "--row-slice-threshold",
+        type=int,
+        default=1024,
+        help="elements from which the item table is split by rows",
+    )
     args = parser.parse_args(argv)
 
     import tensorflow as tf
 
     from merlin_models_de import export_table
-    from merlin_models_de.apps.dlrm_run import equal_steps_for
+    from merlin_models_de.apps.common.epochs import equal_steps_for
 
     train = loader(os.path.join(args.sessions_dir, "train"), args.batch_size)
     valid = loader(os.path.join(args.sessions_dir, "valid"), args.batch_size)
@@ -79,10 +95,16 @@ def main(argv=None):
     model, block = build_model(train.schema, args.dim, args.row_slice_threshold)
     model.compile(optimizer=tf.keras.optimizers.legacy.Adam(args.learning_rate))
     steps = equal_steps_for(train, "train")  # ranks with more batches stop with the others
-    model.fit(train, epochs=args.epochs, steps_per_epoch=steps, verbose=2,
-              pre=predict_last(train.schema))
-    metrics = model.evaluate(valid, steps=equal_steps_for(valid, "valid"), verbose=0,
-                             return_dict=True, pre=predict_last(valid.schema))
+    model.fit(
+        train, epochs=args.epochs, steps_per_epoch=steps, verbose=2, pre=predict_last(train.schema)
+    )
+    metrics = model.evaluate(
+        valid,
+        steps=equal_steps_for(valid, "valid"),
+        verbose=0,
+        return_dict=True,
+        pre=predict_last(valid.schema),
+    )
     print({k: round(float(v), 4) for k, v in metrics.items() if "at_10" in k or k == "loss"})
 
     model.save(os.path.join(args.sessions_dir, "model"))  # every rank; rank 0 writes
