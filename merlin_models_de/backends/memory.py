@@ -24,6 +24,17 @@ def host_memory_bytes() -> int | None:
         return None
 
 
+def available_memory_bytes() -> int | None:
+    """Memory this host can still give (``MemAvailable``: free memory and caches it can drop),
+    in bytes; None where the OS does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def check_fits(plan, dtype_bytes: int, ranks_per_host: int, host_bytes: int | None) -> None:
     """Raises MemoryError naming the busiest rank, its largest table and the bytes, when that
     rank's shards alone exceed ``host_bytes / ranks_per_host``."""

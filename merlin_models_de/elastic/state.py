@@ -20,16 +20,21 @@ A custom loop (``build`` sets ``model.optimizer``, whose slots the commits keep)
 from __future__ import annotations
 
 import functools
+import gc
 
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends.memory import available_memory_bytes
 from merlin_models_de.compat import horovod as compat_horovod
+from merlin_models_de.elastic.memory import reset_problem
 from merlin_models_de.persistence.checkpoint import (
     latest_checkpoint,
     restore_checkpoint,
     save_checkpoint,
 )
+from merlin_models_de.persistence.manifest import read_manifest
+from merlin_models_de.runtime import agree
 
 
 def run(func):
@@ -80,11 +85,17 @@ def _state_class():
 
         def _rebuild(self):
             """The model for the world size there is now, restored from the last commit."""
-            self.model = None  # the old model's tables are freed before the new ones exist
+            _free(self)  # the old model's tables go before the new ones exist
+            commit = latest_checkpoint(self.directory)
+            if commit is not None:
+                _check_reset_fits(commit)
             self.model = self._build()
-            if latest_checkpoint(self.directory) is None:  # first start: rank 0's dense
+            if commit is None:  # first start: rank 0's dense weights for every rank
                 save_checkpoint(self.model, self.directory, step=self.step, keep=self.keep)
-            self._restored_step = restore_checkpoint(self.model, self.directory)["step"]
+            # a fresh model is thrown away if its restore fails: no need to read it all
+            # before writing (that would hold a second copy of every shard)
+            restored = restore_checkpoint(self.model, self.directory, all_or_nothing=False)
+            self._restored_step = restored["step"]
             self.step = self._restored_step
 
         def after_step(self):
@@ -99,6 +110,33 @@ def _state_class():
             return _CommitEvery(self)
 
     return _ShardedState
+
+
+def _free(state) -> None:
+    """Drops ``state``'s model and what still holds it: Keras' global graph and names, and the
+    reference cycles of its layers and traced functions, so its memory is back before the
+    next model is built (a reset on one rank of whole Criteo otherwise holds both)."""
+    state.model = None
+    tf.keras.backend.clear_session()
+    gc.collect()
+
+
+def _check_reset_fits(commit: str) -> None:
+    """Every rank raises MemoryError together when one rank of the world there is now could
+    not hold its part of ``commit`` (see :mod:`merlin_models_de.elastic.memory`)."""
+
+    def check():
+        problem = reset_problem(
+            read_manifest(commit),
+            comm.size(),
+            comm.rank(),
+            comm.local_size(),
+            available_memory_bytes(),
+        )
+        if problem:
+            raise MemoryError(problem)
+
+    agree.on_every_rank("elastic reset", check, error_type=MemoryError)
 
 
 class ShardedState:

@@ -233,7 +233,9 @@ def _write_shards(state, tmp, parts) -> None:
             stems = _stems(parts, b, index[shard.table], shard.table)
             for name, source in state.parts(var):
                 path = shard_file(tmp, stems[name], shard.rank)
-                write_array(path, source[first : first + shard.rows].numpy())
+                # sliced as a value, not as a variable: a variable's slice carries an
+                # `assign` that holds the variable for as long as the slice lives
+                write_array(path, source.value()[first : first + shard.rows].numpy())
                 written.append(path)
     fsync_directories(tmp, written)
 

@@ -91,18 +91,23 @@ class _Restore:
     manifest: object
     copies: list = field(default_factory=list)  # (file, saved shard, dtype, target, shard, first)
     assigns: list = field(default_factory=list)  # (variable, array)
-    shards: list = field(default_factory=list)  # (variable, first row, array), once read
 
 
-def restore_checkpoint(model, directory: str) -> dict:
+def restore_checkpoint(model, directory: str, all_or_nothing: bool = True) -> dict:
     """Collective: restores the latest checkpoint of ``directory`` into ``model``.
 
     The model may run on another world size or strategy than the one that saved. Its
     optimizer (if compiled) gets its slots created and restored with the rest of its state.
-    Every rank restores the checkpoint rank 0 finds, and nothing is written into any rank's
-    model before every rank has checked and read all it needs (see the module doc): a restore
-    that fails leaves the model's weights as they were (only slots the optimizer lacked are
-    created, as its first step would).
+    Every rank restores the checkpoint rank 0 finds, and every file is checked on every rank
+    before anything is written.
+
+    Args:
+        all_or_nothing: True: nothing is written into any rank's model before every rank has
+            read all it needs (see the module doc), so a restore that fails leaves the
+            model's weights as they were (only slots the optimizer lacked are created, as
+            its first step would); a rank holds a second copy of its shards meanwhile.
+            False: each shard is written as soon as it is read (one shard's copy at a time),
+            for a fresh model that is thrown away if the restore fails (an elastic reset).
 
     Returns:
         The manifest (``step``, ``world_size``, ...).
@@ -131,8 +136,11 @@ def restore_checkpoint(model, directory: str) -> dict:
             f"(a concurrent writer, or a file system that serves stale copies): nothing was "
             f"restored. (id, step, save number, world size) per rank: {seen}"
         )
-    _stage("restore (read)", lambda: _read(plan))
-    _stage("restore (write)", lambda: _apply(plan))
+    if all_or_nothing:
+        shards, _ = _stage("restore (read)", lambda: list(_filled_shards(plan)))
+        _stage("restore (write)", lambda: _apply(shards, plan.assigns))
+    else:
+        _stage("restore (read and write)", lambda: _apply(_filled_shards(plan), plan.assigns))
     return plan.manifest.raw
 
 
@@ -275,21 +283,26 @@ def _overlap(shard, old):
     return (r0, r1, c0, c1) if r0 < r1 and c0 < c1 else None
 
 
-def _read(plan) -> None:
-    """Reads every saved rectangle into arrays shaped like this rank's shards (the plan's
-    tiling check guarantees they are filled), then queues them for assignment."""
-    buffers = {}  # (id of target, first) -> (target, first, array)
+def _filled_shards(plan):
+    """Yields ``(variable, first row, array)`` for each of this rank's shards, the array read
+    from every saved rectangle it overlaps (the plan's tiling check guarantees it is filled);
+    the previous array is let go before the next is made."""
+    key, filled = None, None
     for file, old, dtype, target, shard, first in plan.copies:
-        key = (id(target), first)
-        if key not in buffers:
-            buffers[key] = (target, first, np.empty((shard.rows, shard.cols), dtype))
+        if (id(target), first) != key:  # a target's copies are consecutive (_plan_shard)
+            if filled is not None:
+                yield filled
+            filled = None
+            key = (id(target), first)
+            filled = (target, first, np.empty((shard.rows, shard.cols), dtype))
         try:
-            _copy(load_array(file, (old.rows, old.cols), dtype), old, shard, buffers[key][2])
+            _copy(load_array(file, (old.rows, old.cols), dtype), old, shard, filled[2])
         except OSError as exc:
             raise StorageError(
-                f"Cannot read checkpoint file {file} on rank " f"{comm.rank()}: {exc}"
+                f"Cannot read checkpoint file {file} on rank {comm.rank()}: {exc}"
             ) from exc
-    plan.shards = list(buffers.values())
+    if filled is not None:
+        yield filled
 
 
 def _copy(data, old, shard, out) -> None:
@@ -303,11 +316,12 @@ def _copy(data, old, shard, out) -> None:
         ] = data[lo - old.row_start : hi - old.row_start, c0 - old.col_start : c1 - old.col_start]
 
 
-def _apply(plan) -> None:
-    for target, first, array in plan.shards:
+def _apply(shards, assigns) -> None:
+    for target, first, array in shards:
         if first == 0 and tuple(target.shape) == array.shape:
             target.assign(array)
         else:
             target[first : first + len(array)].assign(array)
-    for var, array in plan.assigns:
+        del array  # a streamed shard goes before the next is read
+    for var, array in assigns:
         var.assign(array)

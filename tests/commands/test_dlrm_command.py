@@ -87,8 +87,8 @@ def check_plain_run_output(run):
             "--checkpoint-keep needs --checkpoint-dir. " "Received: --checkpoint-keep=2",
         ),
         (
-            ["--checkpoint-dir", "ckpt", "--checkpoint-keep", "0"],
-            "--checkpoint-keep must be >= 1. Received: --checkpoint-keep=0",
+            ["--checkpoint-dir", "ckpt", "--checkpoint-keep", "-1"],
+            "--checkpoint-keep must be >= 0. Received: --checkpoint-keep=-1",
         ),
         (["--exchange-dtype", "int8"], "argument --exchange-dtype: invalid choice: 'int8'"),
         (

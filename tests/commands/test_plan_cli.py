@@ -87,6 +87,10 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
         assert getattr(ours, option) == getattr(theirs, option), option
     out = run("criteo", "--world-size", "2", "--column-slice-threshold", str(2**24))
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(
+        "Planned for strategy=memory_optimized, optimizer=adagrad, dim=16 (defaults: the DLRM "
+        "command's; mm.DistributedEmbeddings places with strategy='basic' unless given one"
+    )
     assert "strategy=memory_optimized, optimizer=adagrad (+1 slot copies)" in out.stdout
     ranks = [l for l in out.stdout.splitlines() if l.startswith("rank ") and ":" in l]
     assert [l.split(":")[0] for l in ranks] == ["rank 0", "rank 1"]

@@ -75,8 +75,8 @@ def _main(argv, capsys):
             "--checkpoint-every needs --checkpoint-dir. " "Received: --checkpoint-every=5",
         ),
         (
-            ["--checkpoint-dir", "/c", "--checkpoint-keep", "0"],
-            "--checkpoint-keep must be >= 1. Received: --checkpoint-keep=0",
+            ["--checkpoint-dir", "/c", "--checkpoint-keep", "-1"],
+            "--checkpoint-keep must be >= 0. Received: --checkpoint-keep=-1",
         ),
         (
             ["--train-dir", "/no/such/dir", "--valid-dir", "/v"],

@@ -6,6 +6,17 @@ from __future__ import annotations
 from merlin_models_de import comm
 from merlin_models_de.apps.common.epochs import resume_point
 
+# A run that commits often fills its directory fast (whole Criteo with Adagrad: ~6 GiB a
+# checkpoint); the newest few are what a resume or a look back needs.
+DEFAULT_KEEP = 3
+
+
+def checkpoints_kept(args) -> int | None:
+    """How many checkpoints ``--checkpoint-keep`` keeps (None: every one)."""
+    if args.checkpoint_keep is None:
+        return DEFAULT_KEEP
+    return args.checkpoint_keep or None
+
 
 def checkpoint_callback(args):
     """The callback that saves ``--checkpoint-dir`` each epoch and every ``--checkpoint-every``
@@ -14,8 +25,9 @@ def checkpoint_callback(args):
         return None
     from merlin_models_de.persistence.checkpoint import CheckpointCallback
 
-    keep = {} if args.checkpoint_keep is None else {"keep": args.checkpoint_keep}
-    return CheckpointCallback(args.checkpoint_dir, args.checkpoint_every, **keep)
+    return CheckpointCallback(
+        args.checkpoint_dir, args.checkpoint_every, keep=checkpoints_kept(args)
+    )
 
 
 def restore_for(args, model, steps, size):

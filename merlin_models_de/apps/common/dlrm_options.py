@@ -148,7 +148,7 @@ def check_options(args) -> str | None:
         "checkpoint_keep",
         "cpu_threads",
     ):
-        value, least = getattr(args, name), (0 if name == "valid_rows" else 1)
+        value, least = getattr(args, name), int(name not in ("valid_rows", "checkpoint_keep"))
         if value is not None and value < least:
             flag = "--" + name.replace("_", "-")
             return f"{flag} must be >= {least}. Received: {flag}={value}"

@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from merlin_models_de import comm
+from merlin_models_de.apps.common.checkpoints import checkpoints_kept
 from merlin_models_de.apps.common.epochs import (
     epoch_batches,
     equal_steps_for,
@@ -34,7 +35,7 @@ def train_elastically(args, started: float, build: Callable, batches_for: Callab
     from merlin_models_de.elastic.state import run as elastic
 
     state = ShardedState(
-        build, args.checkpoint_dir, commit_every=args.checkpoint_every, keep=args.checkpoint_keep
+        build, args.checkpoint_dir, commit_every=args.checkpoint_every, keep=checkpoints_kept(args)
     )
     starts = []
 

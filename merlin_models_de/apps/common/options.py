@@ -23,6 +23,7 @@ import sys
 import time
 
 from merlin_models_de.apps.common.console import quiet_imports
+from merlin_models_de.backends.memory import available_memory_bytes
 from merlin_models_de.comm import launch_env
 from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
 
@@ -116,7 +117,7 @@ def add_run_options(group, checkpoint_help: str) -> None:
         "--checkpoint-keep",
         type=int,
         default=None,
-        help="keep only the N newest checkpoints (default: all)",
+        help="keep the N newest checkpoints (default: 3; 0 keeps every one)",
     )
     group.add_argument("--report", default=None, help="JSON run report path")
     group.add_argument(
@@ -180,12 +181,10 @@ def parquet_files_problem(flag: str, path: str | None) -> str | None:
 def memory_problem(what: str, needed: int, flag: str, value) -> str | None:
     """The problem when ``needed`` bytes (one rank's) exceed this host's available memory
     shared by its ranks, or None (also where the host does not report it)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        available = int(fields["MemAvailable"].split()[0]) * 1024 // max(1, world()[2])
-    except (OSError, KeyError, ValueError):
+    host = available_memory_bytes()
+    if host is None:
         return None
+    available = host // max(1, world()[2])
     if needed <= available:
         return None
     gib = 2**30

@@ -218,10 +218,10 @@ def check_options(args) -> str | None:
     if problem:
         return problem
     for name in ("hidden", "cpu_threads", "checkpoint_every", "checkpoint_keep"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
+        value, least = getattr(args, name), int(name != "checkpoint_keep")
+        if value is not None and value < least:
             flag = "--" + name.replace("_", "-")
-            return f"{flag} must be >= 1. Received: {flag}={value}"
+            return f"{flag} must be >= {least}. Received: {flag}={value}"
     for name in ("checkpoint_every", "checkpoint_keep"):
         if getattr(args, name) is not None and not args.checkpoint_dir:
             flag = "--" + name.replace("_", "-")

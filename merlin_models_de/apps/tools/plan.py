@@ -5,7 +5,9 @@ Usage:
         --device-memory 80GB
 
 Defaults are the DLRM command's (``memory_optimized``, dim 16, Adagrad), so a plan printed
-here is what that command places. After the per-rank totals, one line per rank lists its
+here is what that command places; the first line says what was assumed. The block's own
+defaults differ (``basic``, the optimizer of ``compile``): pass ``--strategy`` and
+``--optimizer`` to plan a block of your own. After the per-rank totals, one line per rank lists its
 tables and slices with their rows and widths.
 
 The schema argument is a Merlin schema file (``schema.pbtxt`` / ``schema.json``), a dataset
@@ -286,6 +288,16 @@ def peak_line(placement, optimizer: str, dtype_bytes: int) -> str:
     )
 
 
+def assumptions_line(args) -> str:
+    """What the plan assumed: the DLRM command's defaults unless given, not the block's."""
+    return (
+        f"Planned for strategy={args.strategy}, optimizer={args.optimizer}, dim={args.dim or 'inferred'} "
+        f"(defaults: the DLRM command's; mm.DistributedEmbeddings places with strategy='basic' "
+        f"unless given one and trains with the optimizer you compile: pass --strategy and "
+        f"--optimizer to plan your own block, or print block.summary() after compile)"
+    )
+
+
 def _fit_line(fit: Fit, args, capacity: int) -> str:
     if fit.world_size is None:
         return (
@@ -334,6 +346,7 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(assumptions_line(args))
     print(p.summary(optimizer=args.optimizer, dtype_bytes=args.dtype_bytes))
     print(peak_line(p, args.optimizer, args.dtype_bytes))
     print(rank_listing(p))
