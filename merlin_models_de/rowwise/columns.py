@@ -34,9 +34,9 @@ class ColumnSums:
         if var.ref() not in self.found:
             raise ValueError(
                 f"Row-wise optimizer state of the column-sliced table "
-                f"'{table_mark(var).table}' needs every variable of its embedding block "
-                f"trained by the same optimizer (the block's 'exchange_anchor' was not). "
-                f"Received: variable={var.name!r}"
+                f"'{table_mark(var).table}' needs its block's collective: a block of the "
+                f"horovod backend whose variables this optimizer trains together (its "
+                f"'exchange_anchor' was not among them). Received: variable={var.name!r}"
             )
         return self.found[var.ref()]
 

@@ -136,3 +136,10 @@ def test_a_variable_holding_several_shards_is_refused():
     mark_table(var, TableMark("merged_table", 4, 4, whole=False))
     with pytest.raises(NotImplementedError, match="merged_table"):
         RowWiseAdagrad(0.1).apply_gradients([(tf.ones([6, 4]), var)])
+
+
+def test_a_column_slice_without_its_blocks_collective_is_named():
+    var = tf.Variable(tf.zeros([6, 2]))
+    mark_table(var, TableMark("sliced_table", 4, 2))  # 2 of the table's 4 columns
+    with pytest.raises(ValueError, match="column-sliced table 'sliced_table'"):
+        RowWiseAdagrad(0.1).apply_gradients([(tf.ones([6, 2]), var)])
