@@ -9,8 +9,9 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from merlin_models_de import comm
+from merlin_models_de import comm, export_table
 from merlin_models_de.persistence.checkpoint import (
     latest_checkpoint,
     read_full_tables,
@@ -142,6 +143,19 @@ def test_checkpoint_holds_one_value_per_row(hvd, tmp_path_factory):
         for p in t["parts"]
     }
     assert per_row == {"table": False, ROW_SLOT: True}
+    # exports hold the tables only: a table export's files, the single-process SavedModel
+    (block,) = embedding_blocks(model)
+    export = os.path.join(directory, "export")
+    table = block.tables[0].name
+    export_table(block, table, os.path.join(export, "table"))
+    model.save(os.path.join(export, "saved"))
+    if comm.rank() == 0:
+        files = [n for _, _, names in os.walk(os.path.join(export, "table")) for n in names]
+        assert files and not [n for n in files if "accumulator" in n], files
+        saved = tf.train.list_variables(os.path.join(export, "saved", "variables", "variables"))
+        saved = [n for n, _ in saved]
+        assert saved and not [n for n in saved if "accumulator" in n or "optimizer" in n.lower()]
+    comm.barrier()
 
 
 @pytest.mark.xfail(
