@@ -38,12 +38,15 @@ class TableMark(NamedTuple):
         dim: The whole table's width (a column slice holds fewer columns).
         cols: The columns this variable holds.
         whole: The variable holds one shard exactly (False: a backend merged several).
+        owner: Which block of this process holds it (an opaque key: two blocks may name
+            their tables alike).
     """
 
     table: str
     dim: int
     cols: int
     whole: bool = True
+    owner: int = 0
 
     @property
     def column_sliced(self) -> bool:
@@ -61,16 +64,16 @@ def table_mark(var) -> TableMark | None:
     return getattr(var, TABLE_ATTR, None)
 
 
-def mark_column_sync(var, name: str, tables: tuple) -> None:
-    """Marks ``var`` (a variable every rank of a block holds and trains) as the block's
-    column-sliced ``tables``: an optimizer that combines row statistics across a table's
-    column slices issues one collective named ``name`` for them on every rank, whether the
-    rank holds a slice or not."""
-    setattr(var, COLUMN_SYNC_ATTR, (name, tuple(tables)))
+def mark_column_sync(var, prefix: str, tables: tuple, owner: int) -> None:
+    """Marks ``var`` (a variable every rank of a block holds and trains) with the block's
+    collective ``prefix``, column-sliced ``tables`` and ``owner`` key (its table marks'): an
+    optimizer that combines row statistics across a table's column slices issues one
+    collective for them on every rank, whether the rank holds a slice or not."""
+    setattr(var, COLUMN_SYNC_ATTR, (prefix, tuple(tables), owner))
 
 
 def column_sync(var) -> tuple | None:
-    """``(collective name, column-sliced tables)`` of a variable :func:`mark_column_sync`
+    """``(prefix, column-sliced tables, owner)`` of a variable :func:`mark_column_sync`
     marked, else None."""
     return getattr(var, COLUMN_SYNC_ATTR, None)
 

@@ -135,7 +135,7 @@ class EmbeddingBackend(abc.ABC):
             var, first = self.shard_variable(s)
             dim = self.plan.table(s.table).dim
             whole = first == 0 and tuple(var.shape) == (s.rows, s.cols)
-            mark_table(var, TableMark(s.table, dim, s.cols, whole))
+            mark_table(var, TableMark(s.table, dim, s.cols, whole, id(self)))
 
     @abc.abstractmethod
     def create_variables(self, layer, initializer: Callable, trainable: bool) -> None:

@@ -45,23 +45,28 @@ def column_sums(grads_and_vars) -> ColumnSums:
     """The whole-row sums of squares of every column-sliced table in ``grads_and_vars``,
     one allgather (ids, then sums) per block whose anchor is among the variables."""
     grads = {v.ref(): g for g, v in grads_and_vars}
-    syncs = {}
+    syncs = []  # (prefix, tables, owner) in variable order: the same on every rank
     for _, var in grads_and_vars:
         sync = column_sync(var)
-        if sync is not None and sync[1]:
-            syncs[sync[0]] = sync[1]
-    found = {}
-    for name in sorted(syncs):  # the same order on every rank
-        found.update(_block_sums(name, syncs[name], grads_and_vars, grads))
+        if sync is not None and sync[1] and sync not in syncs:
+            syncs.append(sync)
+    found, seen = {}, {}
+    for prefix, tables, owner in sorted(syncs, key=lambda s: s[0]):  # stable: same order
+        # two blocks of one name and tables share a prefix: the k-th gets its own names
+        k = seen[prefix] = seen.get(prefix, -1) + 1
+        name = f"{prefix}_rowwise{k or ''}"
+        found.update(_block_sums(name, tables, owner, grads_and_vars, grads))
     return ColumnSums(found)
 
 
-def _block_sums(name, tables, grads_and_vars, grads) -> dict:
+def _block_sums(name, tables, owner, grads_and_vars, grads) -> dict:
     mine = {}  # table index -> (var, ids, summed rows)
     by_table = {
         table_mark(v).table: v
         for _, v in grads_and_vars
-        if table_mark(v) is not None and table_mark(v).column_sliced
+        if table_mark(v) is not None
+        and table_mark(v).column_sliced
+        and table_mark(v).owner == owner
     }
     n = len(tables)
     for t, table in enumerate(tables):

@@ -130,7 +130,7 @@ class HorovodBackend(EmbeddingBackend):
             for t in self.plan.tables
             if any(s.cols != t.dim for s in self.plan.shards_of(t.name))
         )
-        mark_column_sync(self.anchor, self.collective_name("rowwise_columns"), sliced)
+        mark_column_sync(self.anchor, self.prefix, sliced, id(self))
         if self.world_size > 1:
             self.lookahead = Lookahead(self)
 
