@@ -14,6 +14,7 @@ Everything a user calls is a name of this module (one import path each):
   ``CheckpointCallback``, ``read_full_tables``;
 - one table in parallel: ``export_table``, ``read_table``, ``iter_table``;
 - custom loops: ``DistributedGradientTape``, ``broadcast_variables``;
+- optimizers: ``RowWiseAdagrad`` (one accumulator per table row);
 - input: ``loader_dataset`` (a rank's ``mm.Loader`` batches as a native ``tf.data`` pipeline);
 - outputs and retrieval: ``TiedCategoricalOutput``, ``ShardedTopK``, ``top_k_model``,
   ``GlobalInBatchSampler``, ``named_tables``;
@@ -52,6 +53,7 @@ _LAZY = {
     "iter_table": "merlin_models_de.persistence.table_export",
     "DistributedGradientTape": "merlin_models_de.merlin.training",
     "broadcast_variables": "merlin_models_de.merlin.training",
+    "RowWiseAdagrad": "merlin_models_de.rowwise.adagrad",
     "loader_dataset": "merlin_models_de.merlin.input",
     "OutOfRangeIdsReport": "merlin_models_de.merlin.id_report",
     "out_of_range_ids": "merlin_models_de.merlin.id_report",

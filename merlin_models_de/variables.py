@@ -11,8 +11,13 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 LOCAL_ATTR = "_mmde_local"  # set on a variable by the backend base class, read here only
 BLOCK_ATTR = "_mmde_embedding_block"  # class attribute of the DistributedEmbeddings block
+TABLE_ATTR = "_mmde_table"  # set on every table shard variable by the backend base class
+COLUMN_SYNC_ATTR = "_mmde_column_sync"  # set on a backend's anchor (see column_sync)
+ROW_STATE_ATTR = "_mmde_row_state"  # set on a [rows, 1] slot by a row-wise optimizer
 
 
 def is_local(var) -> bool:
@@ -23,6 +28,65 @@ def is_local(var) -> bool:
 def mark_local(var) -> None:
     """Marks ``var`` as local (see the module docstring)."""
     setattr(var, LOCAL_ATTR, True)
+
+
+class TableMark(NamedTuple):
+    """What a table variable holds, for optimizers that treat tables by row.
+
+    Attributes:
+        table: The table's name.
+        dim: The whole table's width (a column slice holds fewer columns).
+        cols: The columns this variable holds.
+        whole: The variable holds one shard exactly (False: a backend merged several).
+        owner: Which block of this process holds it (an opaque key: two blocks may name
+            their tables alike).
+    """
+
+    table: str
+    dim: int
+    cols: int
+    whole: bool = True
+    owner: int = 0
+
+    @property
+    def column_sliced(self) -> bool:
+        """The variable holds some of the table's columns only."""
+        return self.cols != self.dim
+
+
+def mark_table(var, mark: TableMark) -> None:
+    """Marks ``var`` as (a shard of) an embedding table."""
+    setattr(var, TABLE_ATTR, mark)
+
+
+def table_mark(var) -> TableMark | None:
+    """The :class:`TableMark` of a table variable, None for any other variable."""
+    return getattr(var, TABLE_ATTR, None)
+
+
+def mark_column_sync(var, prefix: str, tables: tuple, owner: int) -> None:
+    """Marks ``var`` (a variable every rank of a block holds and trains) with the block's
+    collective ``prefix``, column-sliced ``tables`` and ``owner`` key (its table marks'): an
+    optimizer that combines row statistics across a table's column slices issues one
+    collective for them on every rank, whether the rank holds a slice or not."""
+    setattr(var, COLUMN_SYNC_ATTR, (prefix, tuple(tables), owner))
+
+
+def column_sync(var) -> tuple | None:
+    """``(prefix, column-sliced tables, owner)`` of a variable :func:`mark_column_sync`
+    marked, else None."""
+    return getattr(var, COLUMN_SYNC_ATTR, None)
+
+
+def mark_row_state(slot) -> None:
+    """Marks an optimizer slot that holds one value per row of its table (``[rows, 1]``):
+    checkpoints save it a column wide, whatever columns the shard holds."""
+    setattr(slot, ROW_STATE_ATTR, True)
+
+
+def is_row_state(slot) -> bool:
+    """True for a slot :func:`mark_row_state` marked."""
+    return bool(getattr(slot, ROW_STATE_ATTR, False))
 
 
 def local_variables(obj) -> list:

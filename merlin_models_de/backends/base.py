@@ -40,7 +40,7 @@ from merlin_models_de.backends.validate import (
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
 from merlin_models_de.runtime import agree
-from merlin_models_de.variables import mark_local
+from merlin_models_de.variables import TableMark, mark_local, mark_table
 
 
 class EmbeddingBackend(abc.ABC):
@@ -114,6 +114,7 @@ class EmbeddingBackend(abc.ABC):
             self.create_variables(layer, initializer, trainable)
         for var in self.local_variables():
             mark_local(var)
+        self._mark_tables()
         # validate_ids=False on several ranks: ids outside their table are counted per feature
         # instead (a row-sliced table reads zero rows for them). Held outside Keras' tracking:
         # not a weight, never saved (a saved model is a one-process copy, which has no counter).
@@ -125,6 +126,16 @@ class EmbeddingBackend(abc.ABC):
             else None
         )
         self._built = True
+
+    def _mark_tables(self) -> None:
+        """Marks each shard's variable with its table, for optimizers that keep state per
+        row (``rowwise``); a variable holding several shards (a backend merged them) is
+        marked not ``whole``."""
+        for s in self.plan.shards_on(self.rank):
+            var, first = self.shard_variable(s)
+            dim = self.plan.table(s.table).dim
+            whole = first == 0 and tuple(var.shape) == (s.rows, s.cols)
+            mark_table(var, TableMark(s.table, dim, s.cols, whole, id(self)))
 
     @abc.abstractmethod
     def create_variables(self, layer, initializer: Callable, trainable: bool) -> None:

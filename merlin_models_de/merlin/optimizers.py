@@ -42,6 +42,10 @@ def scaled_optimizer(optimizer, factor):
     return opt.__class__.from_config(config)
 
 
+# the planner's names of the package's own optimizers (by lower-case class name)
+PLANNER_NAMES = {"rowwiseadagrad": "rowwise_adagrad"}
+
+
 def slot_copies(optimizer) -> tuple[str, int] | None:
     """``(name, extra copies per parameter)`` of a compiled optimizer, for
     ``block.summary()``; None where one number cannot say it (a MultiOptimizer, whose tables
@@ -52,6 +56,7 @@ def slot_copies(optimizer) -> tuple[str, int] | None:
     name = next(
         c.__name__ for c in type(optimizer).__mro__ if not c.__module__.startswith("horovod")
     ).lower()
+    name = PLANNER_NAMES.get(name, name)
     if is_multi_optimizer(optimizer) or name not in OPTIMIZER_SLOTS:
         return None
     try:

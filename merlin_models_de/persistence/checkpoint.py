@@ -63,6 +63,7 @@ from merlin_models_de.persistence.manifest import (
     FORMAT,
     check_complete,
     dense_key,
+    part_shape,
     read_full_tables,
     state_key,
     write_manifest,
@@ -182,10 +183,13 @@ def _prepare(model, directory, step) -> _Prepared:
     for b, block in enumerate(state.blocks):
         for shard in block.plan.stored_shards_on(block.rank):
             var, _ = block.backend.shard_variable(shard)
-            local[(b, shard.table)] = [(n, numpy_dtype(v).name) for n, v in state.parts(var)]
+            per_row = state.per_row(var)
+            local[(b, shard.table)] = [
+                (n, numpy_dtype(v).name, per_row[n]) for n, v in state.parts(var)
+            ]
             size += sum(
-                npy_bytes((shard.rows, shard.cols), numpy_dtype(v).itemsize)
-                for _, v in state.parts(var)
+                npy_bytes(part_shape(shard, per_row[n]), numpy_dtype(v).itemsize)
+                for n, v in state.parts(var)
             )
     # rank 0 names the temporary directory; it is created by the first write into it
     tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}") if comm.rank() == 0 else None
@@ -216,7 +220,7 @@ def _merge_parts(blocks, per_rank) -> dict:
 def _stems(parts, b, table_index, table) -> dict:
     """``{part name: file stem}`` of one table."""
     return {
-        name: part_stem(b, table_index, k) for k, (name, _) in enumerate(parts.get((b, table), []))
+        name: part_stem(b, table_index, k) for k, (name, *_) in enumerate(parts.get((b, table), []))
     }
 
 
@@ -297,7 +301,8 @@ def _describe_block(b, block, parts) -> dict:
                 "name": table.name,
                 "parts": [
                     {"name": name, "file": stems[name], "dtype": dtype}
-                    for name, dtype in parts.get((b, table.name), [])
+                    | ({"per_row": True} if per_row else {})
+                    for name, dtype, per_row in parts.get((b, table.name), [])
                 ],
             }
         )

@@ -39,6 +39,21 @@ class Part:
     name: str  # "table" or the slot's name
     stem: str  # file path inside the checkpoint, without "-r<rank>.npy"
     dtype: np.dtype
+    per_row: bool = False  # one value per row (a row-wise optimizer's state), any columns
+
+    def shape(self, shard) -> tuple:
+        """The shape of this part's file for ``shard``."""
+        return part_shape(shard, self.per_row)
+
+    def columns(self, shard) -> tuple:
+        """``(first, count)`` of the columns this part's file for ``shard`` holds: a per-row
+        part's single column stands for the whole row (every column slice saves the same)."""
+        return (0, 1) if self.per_row else (shard.col_start, shard.cols)
+
+
+def part_shape(shard, per_row: bool) -> tuple:
+    """``(rows, columns)`` of a saved part of ``shard``: ``[rows, 1]`` for per-row state."""
+    return (shard.rows, 1 if per_row else shard.cols)
 
 
 @dataclass(frozen=True)
@@ -232,6 +247,7 @@ class _ManifestReader:
                     self.get(p, "name", str, f"{where}.name"),
                     stem,
                     self.dtype(p, "dtype", f"{where}.dtype"),
+                    self.get(p, "per_row", bool, f"{where}.per_row") if "per_row" in p else False,
                 )
             )
         names = [p.name for p in parts]
@@ -329,7 +345,7 @@ def check_complete(path: str) -> Manifest:
         for table in block.plan.tables:
             for part in block.parts[table.name]:
                 for s in block.plan.stored_shards_of(table.name):
-                    check_array(shard_file(path, part.stem, s.rank), (s.rows, s.cols), part.dtype)
+                    check_array(shard_file(path, part.stem, s.rank), part.shape(s), part.dtype)
     dense = os.path.join(path, DENSE)
     try:
         with zipfile.ZipFile(dense) as archive:
@@ -362,15 +378,16 @@ def read_full_tables(path: str) -> dict:
             for part in block.parts[table.name]:
                 for s in block.plan.stored_shards_of(table.name):
                     file = shard_file(path, part.stem, s.rank)
-                    check_array(file, (s.rows, s.cols), part.dtype)
+                    check_array(file, part.shape(s), part.dtype)
                     jobs.append((block.name, table, part, s, file))
     out: dict = {}
     for block_name, table, part, s, file in jobs:
         parts = out.setdefault(block_name, {}).setdefault(table.name, {})
         if part.name not in parts:
-            parts[part.name] = np.zeros((table.rows, table.dim), part.dtype)
-        data = load_array(file, (s.rows, s.cols), part.dtype)
-        parts[part.name][s.row_start : s.row_start + s.rows, s.col_start : s.col_start + s.cols] = (
-            data
+            width = 1 if part.per_row else table.dim
+            parts[part.name] = np.zeros((table.rows, width), part.dtype)
+        first, cols = part.columns(s)
+        parts[part.name][s.row_start : s.row_start + s.rows, first : first + cols] = load_array(
+            file, part.shape(s), part.dtype
         )
     return out

@@ -21,6 +21,7 @@ from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.variables import (
     dense_weights,
     embedding_blocks,
+    is_row_state,
     optimizer_parts,
     optimizer_variables,
     slots_of,
@@ -68,6 +69,10 @@ class ModelState:
         """``[("table", var), (slot name, slot), ...]`` for a shard variable."""
         return [("table", var)] + sorted(self.slots(var).items())
 
+    def per_row(self, var) -> dict:
+        """``{part name: True when saved one value per row}`` of a shard variable's parts."""
+        return {name: is_row_state(v) for name, v in self.parts(var)}
+
     def slots(self, var) -> dict:
         """``{slot name: slot}`` of ``var`` ({} without an optimizer)."""
         return slots_of(self.optimizer, var) if self.optimizer is not None else {}
@@ -113,16 +118,18 @@ def _claimed_slots(state, variables) -> set:
 
 def _check_shard_slots(state, blocks) -> None:
     """Slots of table shards are saved and restored row by row, so they must be shaped and
-    typed like their shard (Adafactor's factored slots are not)."""
+    typed like their shard (Adafactor's factored slots are not), or hold one value per row
+    (a row-wise optimizer's ``[rows, 1]``)."""
     for block in blocks:
         for shard in block.plan.shards_on(block.rank):
             var, _ = block.backend.shard_variable(shard)
             for name, s in state.slots(var).items():
-                if s.shape != var.shape or s.dtype != var.dtype:
+                shape = (var.shape[0], 1) if is_row_state(s) else var.shape
+                if s.shape != shape or s.dtype != var.dtype:
                     raise NotImplementedError(
                         f"Checkpoints cannot hold the slot '{name}' of {state.label} for the "
                         f"sharded table '{shard.table}': it is not shaped like the table "
-                        f"({s.shape} vs {var.shape}). Received: optimizer={state.label}"
+                        f"({s.shape} vs {shape}). Received: optimizer={state.label}"
                     )
 
 

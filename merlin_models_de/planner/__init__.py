@@ -21,10 +21,12 @@ from merlin_models_de.planner.strategies import STRATEGIES, assign
 from merlin_models_de.planner.types import (
     MODEL_PARALLEL,
     OPTIMIZER_SLOTS,
+    ROW_SLOTS,
     Shard,
     ShardingPlan,
     ShardingType,
     optimizer_slots,
+    row_slots,
 )
 from merlin_models_de.tables import TableSpec
 
@@ -38,7 +40,9 @@ __all__ = [
     "ShardingType",
     "STRATEGIES",
     "OPTIMIZER_SLOTS",
+    "ROW_SLOTS",
     "optimizer_slots",
+    "row_slots",
 ]
 
 

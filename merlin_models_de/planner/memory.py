@@ -3,7 +3,7 @@ search (``python -m merlin_models_de.apps.bench.capacity``) checks against the m
 
 A rank's peak is its runtime (TensorFlow, Merlin, Horovod, the dense layers and the input
 pipeline at the commands' batch: measured, not derived), its tables with their optimizer
-slots and, where a rank holds every table and Horovod averages their gradients (Merlin's
+slots (row-wise Adagrad's: one value per row) and, where a rank holds every table and Horovod averages their gradients (Merlin's
 data-parallel training: ``sparse_as_dense``), a dense gradient of every table and a quarter
 more for the allreduce's staging (fitted: 1.17-1.25 copies measured at 0.5x-1x Criteo). The
 block's gradients stay sparse (the rows a batch looked up): no table-sized term.
@@ -17,7 +17,7 @@ that, on 4 ranks with one 30M-row table each, every rank peaked at runtime + 3 c
 
 from __future__ import annotations
 
-from merlin_models_de.planner.types import ShardingPlan, optimizer_slots
+from merlin_models_de.planner.types import ShardingPlan, optimizer_slots, row_slots
 
 # Fitted on the capacity search's one-process runs (docs/benchmarks.md, "Capacity"): the DLRM
 # command's peak RSS, TF 2.12 CPU, batch 512, 20 steps, less its tables with Adagrad's slots,
@@ -34,13 +34,16 @@ def rank_peak_bytes(
     dense_gradients: bool = False,
     runtime: int = RUNTIME_BYTES,
     drawn_whole: int = 0,
+    rows: int = 0,
 ) -> int:
-    """Peak bytes of a rank holding ``elements`` table parameters trained with ``optimizer``
-    (its slots are copies); ``dense_gradients``: the tables' gradients are allreduced dense
+    """Peak bytes of a rank holding ``elements`` table parameters in ``rows`` rows trained
+    with ``optimizer`` (its slots are copies, its row-wise state a value per row);
+    ``dense_gradients``: the tables' gradients are allreduced dense
     (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the elements of the largest
     table initialized in one draw (two more copies of it while drawn, the others made)."""
     copies = 1 + optimizer_slots(optimizer) + (DENSE_GRADIENT_COPIES if dense_gradients else 0)
-    training = runtime + int(elements * dtype_bytes * copies)
+    row_state = rows * row_slots(optimizer) * dtype_bytes
+    training = runtime + int(elements * dtype_bytes * copies) + row_state
     initializing = runtime + int((elements + 2 * drawn_whole) * dtype_bytes)
     return max(training, initializing)
 
@@ -62,6 +65,7 @@ def plan_peak_bytes(
             dtype_bytes,
             runtime=runtime,
             drawn_whole=drawn_whole(rank),
+            rows=sum(s.rows for s in plan.shards_on(rank)),
         )
         for rank in range(plan.world_size)
     ]
@@ -80,4 +84,5 @@ def replicated_peak_bytes(
         dense_gradients=world_size > 1,
         runtime=runtime,
         drawn_whole=max(sizes, default=0),
+        rows=sum(t.rows for t in tables),
     )

@@ -17,7 +17,17 @@ from typing import Any, Mapping
 from merlin_models_de.tables import TableSpec, human_bytes
 
 # Extra copies of every parameter that an optimizer keeps (its slot variables).
-OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "rmsprop": 1, "ftrl": 2, "lazyadam": 2}
+OPTIMIZER_SLOTS = {
+    "sgd": 0,
+    "adagrad": 1,
+    "adam": 2,
+    "rmsprop": 1,
+    "ftrl": 2,
+    "lazyadam": 2,
+    "rowwise_adagrad": 0,
+}
+# Values an optimizer keeps per table row besides (row-wise state: merlin_models_de.rowwise).
+ROW_SLOTS = {"rowwise_adagrad": 1}
 
 
 class ShardingType(enum.Enum):
@@ -181,30 +191,35 @@ class ShardingPlan:
 
         Args:
             optimizer: Name of the optimizer whose slot copies to count (sgd 0, adagrad 1,
-                adam 2 extra copies).
+                adam 2 extra copies; rowwise_adagrad one value per row).
             dtype_bytes: Bytes per parameter.
             slots: Extra copies per parameter, where known better than by the name (an
                 optimizer's momentum, amsgrad, ...).
         """
         slots = optimizer_slots(optimizer) if slots is None else slots
+        per_row = row_slots(optimizer)
+        rows_note = f", +{per_row} value per row" if per_row else ""
         lines = [
             f"ShardingPlan: {len(self.tables)} tables, world_size={self.world_size}, "
-            f"strategy={self.strategy}, optimizer={optimizer.lower()} (+{slots} slot copies)",
+            f"strategy={self.strategy}, optimizer={optimizer.lower()} (+{slots} slot "
+            f"copies{rows_note})",
             f"{'rank':>4} {'shards':>6} {'rows':>14} {'params':>12} {'with slots':>12}",
         ]
-        per_rank = []
+        per_rank, with_slots = [], []
         for rank in range(self.world_size):
             mine = self.shards_on(rank)
             params = sum(s.elements for s in mine) * dtype_bytes
+            rows = sum(s.rows for s in mine)
             per_rank.append(params)
+            with_slots.append(params * (1 + slots) + rows * per_row * dtype_bytes)
             lines.append(
-                f"{rank:>4} {len(mine):>6} {sum(s.rows for s in mine):>14,} "
-                f"{human_bytes(params):>12} {human_bytes(params * (1 + slots)):>12}"
+                f"{rank:>4} {len(mine):>6} {rows:>14,} "
+                f"{human_bytes(params):>12} {human_bytes(with_slots[-1]):>12}"
             )
         total = sum(per_rank)
         lines.append(
             f"total {human_bytes(total)} params; "
-            f"{human_bytes(total * (1 + slots))} with slots; "
+            f"{human_bytes(sum(with_slots))} with slots; "
             f"balance max/mean={self.balance():.3f}"
         )
         return "\n".join(lines)
@@ -219,3 +234,10 @@ def optimizer_slots(optimizer: str) -> int:
             f"Received: optimizer={optimizer!r}"
         )
     return OPTIMIZER_SLOTS[key]
+
+
+def row_slots(optimizer: str) -> int:
+    """Values an optimizer keeps per table row (beyond :func:`optimizer_slots`' copies): 1
+    for ``rowwise_adagrad``, else 0. Raises ValueError for unknown names."""
+    optimizer_slots(optimizer)  # known
+    return ROW_SLOTS.get(str(optimizer).lower(), 0)

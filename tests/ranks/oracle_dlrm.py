@@ -88,8 +88,15 @@ def rank_rows(total, per_rank, world_size, rank):
 
 
 def optimizer(name, lr):
+    from merlin_models_de import RowWiseAdagrad
+
     legacy = tf.keras.optimizers.legacy
-    return {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam}[name](lr)
+    return {
+        "sgd": legacy.SGD,
+        "adagrad": legacy.Adagrad,
+        "adam": legacy.Adam,
+        "rowwise_adagrad": RowWiseAdagrad,
+    }[name](lr)
 
 
 def snapshot(model):

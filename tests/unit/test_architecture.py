@@ -26,7 +26,7 @@ LAYERS = [
     {"compat"},
     {"runtime"},
     {"planner"},
-    {"backends"},
+    {"backends", "rowwise"},
     {"persistence"},
     {"block"},
     {"outputs"},

@@ -7,9 +7,9 @@ from __future__ import annotations
 from merlin_models_de import comm
 from merlin_models_de.apps.common.options import LOCAL_TABLES
 
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "rowwise_adagrad")
 # per-rank learning rate by optimizer (Merlin multiplies it by the world size)
-LEARNING_RATES = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
+LEARNING_RATES = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001, "rowwise_adagrad": 0.05}
 
 
 def optimizer_for(args, emb=None):
@@ -23,11 +23,16 @@ def optimizer_for(args, emb=None):
     exchanged."""
     import tensorflow as tf
 
+    from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
+
     legacy = tf.keras.optimizers.legacy
     lr = args.learning_rate or LEARNING_RATES[args.optimizer]
-    optimizer = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam}[args.optimizer](
-        lr
-    )
+    optimizer = {
+        "sgd": legacy.SGD,
+        "adagrad": legacy.Adagrad,
+        "adam": legacy.Adam,
+        "rowwise_adagrad": RowWiseAdagrad,  # tables of mm.Embeddings: element-wise
+    }[args.optimizer](lr)
     if getattr(args, "embeddings", None) != LOCAL_TABLES or comm.size() == 1:
         return optimizer
     from merlin_models_de.compat.horovod import distributed_optimizer

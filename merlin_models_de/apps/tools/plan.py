@@ -30,6 +30,7 @@ from merlin_models_de.planner import (
     STRATEGIES,
     ShardingType,
     plan,
+    row_slots,
     validate_options,
 )
 from merlin_models_de.planner.memory import plan_peak_bytes
@@ -68,15 +69,19 @@ def busiest_elements(
     column_slice_threshold=None,
     row_slice_threshold=None,
     data_parallel_threshold=None,
+    copies: int = 1,
+    per_row: int = 0,
 ) -> int:
-    """Elements on the busiest rank of ``plan(tables, world_size, ...)``, in one pass.
+    """Elements on the busiest rank of ``plan(tables, world_size, ...)``, in one pass, each
+    counted ``copies`` times, plus ``per_row`` values for each row the rank holds (row-wise
+    optimizer state).
 
     Only the model-parallel tables are planned (their placement does not depend on the
     others); replicated and row-sliced tables are added per rank from their closed forms,
     which keeps large world sizes cheap.
     """
     dp, mp, rs = classify(tables, data_parallel_threshold, row_slice_threshold)
-    per_rank = [sum(tables[i].elements for i in dp)] * world_size
+    per_rank = [sum(tables[i].rows * (tables[i].dim * copies + per_row) for i in dp)] * world_size
     if mp:
         placed = plan(
             [tables[i] for i in mp],
@@ -85,14 +90,15 @@ def busiest_elements(
             column_slice_threshold=column_slice_threshold,
         )
         for shard in placed.shards:
-            per_rank[shard.rank] += shard.elements
+            per_rank[shard.rank] += shard.rows * (shard.cols * copies + per_row)
     # a row-sliced table gives every rank rows // N rows and the first rows % N one more:
     # add the common part once and the extra rows as steps (one pass, whatever N)
     steps = [0] * (world_size + 1)
     for i in rs:
         base, extra = divmod(tables[i].rows, world_size)
-        steps[0] += (base + 1) * tables[i].dim  # ranks below `extra` hold one row more
-        steps[extra] -= tables[i].dim
+        row = tables[i].dim * copies + per_row
+        steps[0] += (base + 1) * row  # ranks below `extra` hold one row more
+        steps[extra] -= row
     level = 0
     for rank in range(world_size):
         level += steps[rank]
@@ -165,7 +171,8 @@ def smallest_world_size(
     Args:
         tables: Table specs.
         capacity: Bytes per rank (> 0).
-        optimizer: ``sgd``, ``adagrad`` or ``adam`` (its slots count as copies of a shard).
+        optimizer: A name of ``OPTIMIZER_SLOTS`` (its slots count as copies of a shard,
+            ``rowwise_adagrad``'s state as one value per row).
         limit: Largest world size considered.
         dtype_bytes: Bytes per parameter.
         max_plans: World sizes planned at most.
@@ -174,13 +181,15 @@ def smallest_world_size(
     Returns:
         A :class:`Fit`.
     """
-    per_element = dtype_bytes * (1 + OPTIMIZER_SLOTS[optimizer])
-    lowest, highest, reason = _search_range(tables, capacity, per_element, options, limit)
+    copies, per_row = 1 + OPTIMIZER_SLOTS[optimizer], row_slots(optimizer)
+    # the range leaves out row-wise state: its lowest world size may only be too low
+    lowest, highest, reason = _search_range(tables, capacity, dtype_bytes * copies, options, limit)
     if lowest is None:
         return Fit(None, reason=reason, checked_up_to=limit)
     last = min(highest, lowest + max_plans - 1)
     for n in range(lowest, last + 1):
-        busiest = busiest_elements(tables, n, **options) * per_element
+        values = busiest_elements(tables, n, copies=copies, per_row=per_row, **options)
+        busiest = values * dtype_bytes
         if busiest <= capacity:
             return Fit(n, busiest, plans=n - lowest + 1)
     why = f"fewer than {lowest:,} ranks cannot hold the tables, and " if lowest > 1 else ""

@@ -33,6 +33,7 @@ from merlin_models_de.backends.lookup import named_gather, op_name, pooled_looku
 from merlin_models_de.backends.shard_init import fill_by_rows, for_shard, row_blocks
 from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
+from merlin_models_de.variables import mark_column_sync
 
 
 class HorovodBackend(EmbeddingBackend):
@@ -122,6 +123,14 @@ class HorovodBackend(EmbeddingBackend):
         self.anchor = layer.add_weight(
             name="exchange_anchor", shape=(), initializer="zeros", trainable=True
         )
+        # the same on every rank: the collective that keeps row-wise optimizer state of
+        # column-sliced tables whole runs on every rank, slice or not (rowwise/columns.py)
+        sliced = tuple(
+            t.name
+            for t in self.plan.tables
+            if any(s.cols != t.dim for s in self.plan.shards_of(t.name))
+        )
+        mark_column_sync(self.anchor, self.prefix, sliced, id(self))
         if self.world_size > 1:
             self.lookahead = Lookahead(self)
 

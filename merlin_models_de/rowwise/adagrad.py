@@ -1,0 +1,177 @@
+"""Row-wise Adagrad: one accumulator per embedding-table row, as FBGEMM / TorchRec keep it.
+
+For a table row ``r`` (width ``d``) with gradient ``g_r`` in a step (a sparse gradient's
+duplicate ids summed first)::
+
+    acc_r += sum_j(g_r[j] ** 2) / d          # the mean over the row's d elements
+    row_r -= lr * g_r / (sqrt(acc_r) + epsilon)
+
+``acc`` starts at ``initial_accumulator_value``; rows a step does not look up keep both. The
+state of a ``[rows, d]`` table is a ``[rows, 1]`` slot (``row_accumulator``): 1/d of Adagrad's.
+Every other variable (dense layers, the block's scalars, tables of ``mm.Embeddings``) gets
+Keras' element-wise Adagrad with the same hyper-parameters (slot ``accumulator``):
+``acc += g ** 2; var -= lr * g / (sqrt(acc) + epsilon)``. Dense layers may keep an optimizer
+of their own through ``mm.MultiOptimizer``.
+
+Tables are the shard variables a ``DistributedEmbeddings`` block marks
+(``variables.table_mark``). A column-sliced table's mean is over the whole row: its holders
+add their slices' partial sums in one collective per block and step (:mod:`.columns`).
+
+Example:
+    >>> model.compile(optimizer=RowWiseAdagrad(0.05))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from merlin_models_de.rowwise.columns import ColumnSums, column_sums
+from merlin_models_de.variables import mark_row_state, table_mark
+
+ROW_SLOT = "row_accumulator"
+ELEMENT_SLOT = "accumulator"
+
+
+class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
+    """Adagrad with one accumulator per table row (see the module docstring for the update).
+
+    Args:
+        learning_rate: A float or a Keras ``LearningRateSchedule``.
+        initial_accumulator_value: Where every accumulator starts (>= 0).
+        epsilon: Added to the square root of the accumulator (> 0).
+        name: The optimizer's name.
+        **kwargs: Keras' ``clipnorm``, ``clipvalue``, ``global_clipnorm``, ``decay``.
+    """
+
+    _HAS_AGGREGATE_GRAD = True
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        initial_accumulator_value=0.1,
+        epsilon=1e-7,
+        name="RowWiseAdagrad",
+        **kwargs,
+    ):
+        if not initial_accumulator_value >= 0.0:
+            raise ValueError(
+                "RowWiseAdagrad's initial_accumulator_value must be >= 0. "
+                f"Received: initial_accumulator_value={initial_accumulator_value!r}"
+            )
+        if not epsilon > 0.0:
+            raise ValueError(f"RowWiseAdagrad's epsilon must be > 0. Received: epsilon={epsilon!r}")
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", kwargs.get("lr", learning_rate))
+        self._set_hyper("decay", self._initial_decay)
+        self._initial_accumulator_value = float(initial_accumulator_value)
+        self.epsilon = float(epsilon)
+        self._columns = ColumnSums()  # this apply's column-sliced tables (see _distributed_apply)
+
+    def _create_slots(self, var_list):
+        for var in var_list:
+            init = tf.keras.initializers.Constant(self._initial_accumulator_value)
+            mark = table_mark(var)
+            if mark is None:
+                self.add_slot(var, ELEMENT_SLOT, init)
+                continue
+            if not mark.whole or var.shape.rank != 2:
+                raise NotImplementedError(
+                    f"RowWiseAdagrad needs one variable per shard of table '{mark.table}'; its "
+                    f"backend merged several shards into {var.name!r}. Use "
+                    f"backend='horovod'. Received: variable shape={var.shape}"
+                )
+            mark_row_state(self.add_slot(var, ROW_SLOT, init, shape=[var.shape[0], 1]))
+
+    def _prepare_local(self, var_device, var_dtype, apply_state):
+        super()._prepare_local(var_device, var_dtype, apply_state)
+        apply_state[(var_device, var_dtype)].update(
+            epsilon=tf.convert_to_tensor(self.epsilon, var_dtype),
+            neg_lr_t=-apply_state[(var_device, var_dtype)]["lr_t"],
+        )
+
+    def _coefficients(self, var, apply_state):
+        key = (var.device, var.dtype.base_dtype)
+        return (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+
+    def _distributed_apply(self, distribution, grads_and_vars, apply_state, name):
+        # the column-sliced tables' whole-row sums: one collective per block, on every rank,
+        # before any variable's update (those run one variable at a time)
+        grads_and_vars = list(grads_and_vars)
+        self._columns = column_sums(grads_and_vars)
+        try:
+            return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
+        finally:
+            self._columns = ColumnSums()
+
+    # ---- updates ---------------------------------------------------------------------------
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        c = self._coefficients(var, apply_state)
+        mark = table_mark(var)
+        if mark is None:
+            return tf.raw_ops.ResourceApplyAdagradV2(
+                var=var.handle,
+                accum=self.get_slot(var, ELEMENT_SLOT).handle,
+                lr=c["lr_t"],
+                epsilon=c["epsilon"],
+                grad=grad,
+                use_locking=self._use_locking,
+            )
+        if mark.column_sliced:
+            return self._rows_update(var, *self._columns.of(var), c)
+        acc = self.get_slot(var, ROW_SLOT)
+        mean = tf.reduce_sum(tf.square(grad), axis=1, keepdims=True) / mark.dim
+        new = acc.assign_add(mean, use_locking=self._use_locking, read_value=True)
+        return var.assign_add(
+            grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"])),
+            use_locking=self._use_locking,
+            read_value=False,
+        )
+
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        mark = table_mark(handle)
+        if mark is not None and mark.column_sliced:  # summed with the whole-row sums
+            return self._rows_update(
+                handle,
+                *self._columns.of(handle),
+                self._coefficients(handle, kwargs.get("apply_state")),
+            )
+        return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        # indices are unique here (the base class summed duplicates)
+        c = self._coefficients(var, apply_state)
+        mark = table_mark(var)
+        if mark is None:
+            return tf.raw_ops.ResourceSparseApplyAdagradV2(
+                var=var.handle,
+                accum=self.get_slot(var, ELEMENT_SLOT).handle,
+                lr=c["lr_t"],
+                epsilon=c["epsilon"],
+                grad=grad,
+                indices=indices,
+                use_locking=self._use_locking,
+            )
+        sums = tf.reduce_sum(tf.square(grad), axis=1)
+        return self._rows_update(var, indices, grad, sums, c)
+
+    def _rows_update(self, var, ids, rows, square_sums, c):
+        """``acc[ids] += square_sums / dim``, then ``var[ids] -= lr * rows / (sqrt(acc) + eps)``
+        (``ids`` unique, ``square_sums`` over the whole row)."""
+        acc = self.get_slot(var, ROW_SLOT)
+        mean = tf.expand_dims(square_sums, 1) / table_mark(var).dim
+        added = tf.raw_ops.ResourceScatterAdd(resource=acc.handle, indices=ids, updates=mean)
+        with tf.control_dependencies([added]):
+            acc_rows = tf.gather(acc, ids)
+        step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
+        return tf.raw_ops.ResourceScatterAdd(resource=var.handle, indices=ids, updates=step)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            learning_rate=self._serialize_hyperparameter("learning_rate"),
+            decay=self._initial_decay,
+            initial_accumulator_value=self._initial_accumulator_value,
+            epsilon=self.epsilon,
+        )
+        return config
