@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -50,7 +51,7 @@ def reset_peak_bytes(manifest, world_size: int) -> list[int]:
         for rank in range(world_size):
             for shard in plan.shards_on(rank):
                 parts = block.parts[shard.table]
-                sizes = [shard.elements * np.dtype(p.dtype).itemsize for p in parts]
+                sizes = [math.prod(p.shape(shard)) * np.dtype(p.dtype).itemsize for p in parts]
                 restored[rank] += sum(sizes)
                 tables[rank] += sizes[0]
                 buffer[rank] = max(buffer[rank], max(sizes))

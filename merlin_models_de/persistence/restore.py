@@ -89,7 +89,7 @@ class _Restore:
     """Everything a restore writes, gathered (and checked) before anything is written."""
 
     manifest: object
-    copies: list = field(default_factory=list)  # (file, saved shard, dtype, target, shard, first)
+    copies: list = field(default_factory=list)  # (file, saved shard, Part, target, shard, first)
     assigns: list = field(default_factory=list)  # (variable, array)
 
 
@@ -215,8 +215,8 @@ def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
         for old in saved.plan.stored_shards_of(shard.table):
             if _overlap(shard, old) is not None:
                 file = shard_file(path, part.stem, old.rank)
-                check_array(file, (old.rows, old.cols), part.dtype)
-                plan.copies.append((file, old, part.dtype, target, shard, first))
+                check_array(file, part.shape(old), part.dtype)
+                plan.copies.append((file, old, part, target, shard, first))
 
 
 def _plan_dense(plan, path, manifest, state, with_optimizer) -> None:
@@ -288,15 +288,16 @@ def _filled_shards(plan):
     from every saved rectangle it overlaps (the plan's tiling check guarantees it is filled);
     the previous array is let go before the next is made."""
     key, filled = None, None
-    for file, old, dtype, target, shard, first in plan.copies:
+    for file, old, part, target, shard, first in plan.copies:
         if (id(target), first) != key:  # a target's copies are consecutive (_plan_shard)
             if filled is not None:
                 yield filled
             filled = None
             key = (id(target), first)
-            filled = (target, first, np.empty((shard.rows, shard.cols), dtype))
+            filled = (target, first, np.empty(part.shape(shard), part.dtype))
         try:
-            _copy(load_array(file, (old.rows, old.cols), dtype), old, shard, filled[2])
+            # the mapped file is not held past the copy: its pages count as resident
+            _copy(load_array(file, part.shape(old), part.dtype), old, shard, filled[2], part)
         except OSError as exc:
             raise StorageError(
                 f"Cannot read checkpoint file {file} on rank {comm.rank()}: {exc}"
@@ -305,15 +306,19 @@ def _filled_shards(plan):
         yield filled
 
 
-def _copy(data, old, shard, out) -> None:
-    """Fills ``out`` (this rank's ``shard``) from the saved shard ``old``, in row chunks."""
+def _copy(data, old, shard, out, part) -> None:
+    """Fills ``out`` (this rank's ``shard`` of ``part``) from the saved shard ``old``, in row
+    chunks; a per-row part has one column, the same in every column slice of its rows."""
     r0, r1, c0, c1 = _overlap(shard, old)
+    (new_c, _), (old_c, _) = part.columns(shard), part.columns(old)
+    if part.per_row:
+        c0, c1 = 0, 1
     step = max(1, CHUNK_BYTES // max(1, (c1 - c0) * data.dtype.itemsize))
     for lo in range(r0, r1, step):
         hi = min(r1, lo + step)
-        out[
-            lo - shard.row_start : hi - shard.row_start, c0 - shard.col_start : c1 - shard.col_start
-        ] = data[lo - old.row_start : hi - old.row_start, c0 - old.col_start : c1 - old.col_start]
+        out[lo - shard.row_start : hi - shard.row_start, c0 - new_c : c1 - new_c] = data[
+            lo - old.row_start : hi - old.row_start, c0 - old_c : c1 - old_c
+        ]
 
 
 def _apply(shards, assigns) -> None:

@@ -158,12 +158,6 @@ def test_checkpoint_holds_one_value_per_row(hvd, tmp_path_factory):
     comm.barrier()
 
 
-@pytest.mark.xfail(
-    raises=StorageError,
-    strict=True,
-    reason="persistence/restore.py reads every part as wide as its shard: it needs "
-    "Part.shape / Part.columns (see the branch's notes)",
-)
 def test_a_two_rank_checkpoint_restores_into_one_process(hvd, tmp_path_factory):
     spec, data, _, directory = _trained(tmp_path_factory, seed=15)
     outcome = None
