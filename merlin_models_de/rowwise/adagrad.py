@@ -30,6 +30,9 @@ from merlin_models_de.variables import mark_row_state, table_mark
 
 ROW_SLOT = "row_accumulator"
 ELEMENT_SLOT = "accumulator"
+# the key of this apply's column-sliced sums in Keras' apply_state, the dict an apply passes
+# to every variable's update
+COLUMN_SUMS = "mmde_rowwise_column_sums"
 
 
 class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
@@ -65,7 +68,6 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         self._set_hyper("decay", self._initial_decay)
         self._initial_accumulator_value = float(initial_accumulator_value)
         self.epsilon = float(epsilon)
-        self._columns = ColumnSums()  # this apply's column-sliced tables (see _distributed_apply)
 
     def _create_slots(self, var_list):
         for var in var_list:
@@ -97,11 +99,12 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         # the column-sliced tables' whole-row sums: one collective per block, on every rank,
         # before any variable's update (those run one variable at a time)
         grads_and_vars = list(grads_and_vars)
-        self._columns = column_sums(grads_and_vars)
-        try:
-            return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
-        finally:
-            self._columns = ColumnSums()
+        apply_state = {**(apply_state or {}), COLUMN_SUMS: column_sums(grads_and_vars)}
+        return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
+
+    @staticmethod
+    def _column_sums(apply_state) -> ColumnSums:
+        return (apply_state or {}).get(COLUMN_SUMS) or ColumnSums()
 
     # ---- updates ---------------------------------------------------------------------------
 
@@ -118,7 +121,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 use_locking=self._use_locking,
             )
         if mark.column_sliced:
-            return self._rows_update(var, *self._columns.of(var), c)
+            return self._rows_update(var, *self._column_sums(apply_state).of(var), c)
         acc = self.get_slot(var, ROW_SLOT)
         mean = tf.reduce_sum(tf.square(grad), axis=1, keepdims=True) / mark.dim
         new = acc.assign_add(mean, use_locking=self._use_locking, read_value=True)
@@ -131,10 +134,11 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         mark = table_mark(handle)
         if mark is not None and mark.column_sliced:  # summed with the whole-row sums
+            apply_state = kwargs.get("apply_state")
             return self._rows_update(
                 handle,
-                *self._columns.of(handle),
-                self._coefficients(handle, kwargs.get("apply_state")),
+                *self._column_sums(apply_state).of(handle),
+                self._coefficients(handle, apply_state),
             )
         return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
