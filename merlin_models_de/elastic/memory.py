@@ -9,8 +9,9 @@ the new world will hold at its peak, and every rank refuses together when one ho
 it.
 
 A rank's peak in a reset, over what it holds before (the old model is freed first):
-- its shards with every saved part (table and slots) once restored, plus the one shard buffer a
-  streaming restore holds while it reads (:func:`restore_checkpoint` ``all_or_nothing=False``);
+- its shards with every saved part (table and slots) once restored, plus the largest part's
+  buffer a streaming restore reads (``restore_checkpoint(..., all_or_nothing=False)``) and its
+  conversion to a tensor when assigned (two copies: measured, tests/unit/test_elastic_memory.py);
 - or, while initializing, its tables plus two more copies of the largest table a single rank
   draws whole (Keras' uniform; ``planner/memory.py``).
 
@@ -29,8 +30,9 @@ import numpy as np
 from merlin_models_de import planner
 from merlin_models_de.tables import human_bytes
 
-# the largest world size the advice in the refusal looks for
-MAX_SUGGESTED_WORLD = 1024
+# the largest world size the advice in the refusal looks for (re-planning is cheap up to here;
+# every rank waits for the slowest in the check's agreement)
+MAX_SUGGESTED_WORLD = 64
 
 
 def _replanned(block, world_size: int):
@@ -58,7 +60,8 @@ def reset_peak_bytes(manifest, world_size: int) -> list[int]:
                 if world_size == 1:
                     largest_drawn[rank] = max(largest_drawn[rank], sizes[0])
     return [
-        max(restored[r] + buffer[r], tables[r] + 2 * largest_drawn[r]) for r in range(world_size)
+        max(restored[r] + 2 * buffer[r], tables[r] + 2 * largest_drawn[r])
+        for r in range(world_size)
     ]
 
 

@@ -33,6 +33,7 @@ from merlin_models_de.persistence.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
+from merlin_models_de.persistence.io import StorageError
 from merlin_models_de.persistence.manifest import read_manifest
 from merlin_models_de.runtime import agree
 
@@ -68,7 +69,7 @@ def _state_class():
 
         def restore(self):  # a rank was lost: back to the counters of the last commit
             super().restore()
-            self.model = None
+            _free(self)
 
         def reset(self):
             """Horovod runs on other ranks now: the model is rebuilt here, not in sync(),
@@ -85,8 +86,17 @@ def _state_class():
 
         def _rebuild(self):
             """The model for the world size there is now, restored from the last commit."""
-            _free(self)  # the old model's tables go before the new ones exist
-            commit = latest_checkpoint(self.directory)
+            if self.model is not None:
+                _free(self)  # the old model's tables go before the new ones exist
+            # rank 0's commit for every rank (a rank reading `latest` itself may see another
+            # one); also the point where every rank has freed its old model
+            _, seen = agree.on_every_rank(
+                "elastic reset (resolve the commit)",
+                lambda: latest_checkpoint(self.directory) if comm.rank() == 0 else None,
+                share=lambda path: path,
+                error_type=StorageError,
+            )
+            commit = seen[0]
             if commit is not None:
                 _check_reset_fits(commit)
             self.model = self._build()

@@ -179,7 +179,7 @@ def _prepare(model, directory, step) -> _Prepared:
         step = int(state.optimizer.iterations.numpy()) if state.optimizer is not None else 0
     if isinstance(step, bool) or int(step) != step or step < 0:
         raise ValueError(f"step must be an int >= 0. Received: step={step!r}")
-    local, size = {}, 0  # (block index, table) -> [(part name, dtype)] of the shards here
+    local, size = {}, 0  # (block index, table) -> [(part name, dtype, per row)] of the shards here
     for b, block in enumerate(state.blocks):
         for shard in block.plan.stored_shards_on(block.rank):
             var, _ = block.backend.shard_variable(shard)

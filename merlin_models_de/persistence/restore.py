@@ -12,7 +12,9 @@
 
 A failure in steps 1-3 on any rank -- a bad file, an I/O error on the fifth shard -- raises
 on every rank and leaves every rank's model as it was. The price: while restoring, a rank
-holds its own shards a second time.
+holds its own shards a second time. A fresh model that is thrown away when its restore fails
+(an elastic reset) takes ``all_or_nothing=False``: steps 3 and 4 run a shard at a time, so a
+rank holds one shard's copy, and a failure leaves the model part-written.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class _Restore:
     assigns: list = field(default_factory=list)  # (variable, array)
 
 
-def restore_checkpoint(model, directory: str, all_or_nothing: bool = True) -> dict:
+def restore_checkpoint(model, directory: str, *, all_or_nothing: bool = True) -> dict:
     """Collective: restores the latest checkpoint of ``directory`` into ``model``.
 
     The model may run on another world size or strategy than the one that saved. Its
@@ -287,13 +289,16 @@ def _filled_shards(plan):
     """Yields ``(variable, first row, array)`` for each of this rank's shards, the array read
     from every saved rectangle it overlaps (the plan's tiling check guarantees it is filled);
     the previous array is let go before the next is made."""
-    key, filled = None, None
+    key, filled, done = None, None, set()
     for file, old, part, target, shard, first in plan.copies:
         if (id(target), first) != key:  # a target's copies are consecutive (_plan_shard)
             if filled is not None:
                 yield filled
+            done.add(key)
             filled = None
             key = (id(target), first)
+            if key in done:  # a shard yielded before it was whole would be garbage
+                raise AssertionError(f"restore plan: the copies of {target.name} are split")
             filled = (target, first, np.empty(part.shape(shard), part.dtype))
         try:
             # the mapped file is not held past the copy: its pages count as resident

@@ -75,11 +75,13 @@ def replicated_peak_bytes(
     tables, optimizer: str, world_size: int = 1, dtype_bytes: int = 4, runtime: int = RUNTIME_BYTES
 ) -> int:
     """Predicted peak bytes of a rank that holds every table whole (``mm.Embeddings``): one
-    process, or each of ``world_size`` > 1 ranks of Merlin's data-parallel training."""
+    process, or each of ``world_size`` > 1 ranks of Merlin's data-parallel training.
+    ``mm.Embeddings``' tables are not the block's: a row-wise optimizer keeps element-wise
+    Adagrad state for them."""
     sizes = [t.rows * t.dim for t in tables]
     return rank_peak_bytes(
         sum(sizes),
-        optimizer,
+        "adagrad" if optimizer == "rowwise_adagrad" else optimizer,
         dtype_bytes,
         dense_gradients=world_size > 1,
         runtime=runtime,

@@ -77,7 +77,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 self.add_slot(var, ELEMENT_SLOT, init)
                 continue
             if not mark.whole or var.shape.rank != 2:
-                raise NotImplementedError(
+                raise ValueError(
                     f"RowWiseAdagrad needs one variable per shard of table '{mark.table}'; its "
                     f"backend merged several shards into {var.name!r}. Use "
                     f"backend='horovod'. Received: variable shape={var.shape}"

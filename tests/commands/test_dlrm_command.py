@@ -90,6 +90,11 @@ def check_plain_run_output(run):
             ["--checkpoint-dir", "ckpt", "--checkpoint-keep", "-1"],
             "--checkpoint-keep must be >= 0. Received: --checkpoint-keep=-1",
         ),
+        (
+            ["--optimizer", "rowwise_adagrad", "--embeddings", "merlin"],
+            "Use --embeddings distributed. Received: --optimizer=rowwise_adagrad "
+            "--embeddings=merlin",
+        ),
         (["--exchange-dtype", "int8"], "argument --exchange-dtype: invalid choice: 'int8'"),
         (
             ["--exchange-dtype", "float16", "--backend", "distributed-embeddings"],

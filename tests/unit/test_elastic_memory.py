@@ -21,31 +21,44 @@ class _Manifest:
         self.blocks, self.step, self.path = blocks, 40, "/ckpt/step-40/manifest.json"
 
 
-def _manifest(strategy="memory_balanced", slots=("accumulator",)):
+def _manifest(strategy="memory_balanced", slots=("accumulator",), per_row=False, options=()):
+    """A commit of 2 ranks: tables big (1M x 64), small (1k x 16) and tiny (10 x 4), each
+    with ``slots`` (one value per row with ``per_row``)."""
     import numpy as np
 
-    tables = (
-        TableSpec("big", 1_000_000, 64, (FeatureSpec("big", "big"),)),
-        TableSpec("small", 1_000, 16, (FeatureSpec("small", "small"),)),
+    tables = tuple(
+        TableSpec(name, rows, dim, (FeatureSpec(name, name),))
+        for name, rows, dim in (("big", 1_000_000, 64), ("small", 1_000, 16), ("tiny", 10, 4))
     )
-    saved = plan(tables, 2, strategy)
+    saved = plan(tables, 2, strategy, **dict(options))
     parts = {
-        t.name: tuple(
-            Part(name, f"{t.name}/{name}", np.dtype("float32")) for name in ("table", *slots)
-        )
+        t.name: (Part("table", f"{t.name}/table", np.dtype("float32")),)
+        + tuple(Part(n, f"{t.name}/{n}", np.dtype("float32"), per_row) for n in slots)
         for t in tables
     }
     return _Manifest((SavedBlock("embeddings", saved, parts),))
 
 
+BIG, SMALL, TINY = 1_000_000 * 64 * 4, 1_000 * 16 * 4, 10 * 4 * 4
+
+
 def test_the_prediction_counts_slots_the_restore_buffer_and_a_table_drawn_whole():
-    big, small = 1_000_000 * 64 * 4, 1_000 * 16 * 4
-    # one rank: both tables with their slot, and one table's buffer while it is read; a table
-    # drawn whole (two more copies of it) is less here
-    assert reset_peak_bytes(_manifest(), 1) == [2 * (big + small) + big]
-    assert reset_peak_bytes(_manifest(slots=()), 1) == [big + small + 2 * big]
-    # two ranks (memory_balanced: the large table on rank 0) draw by blocks of rows
-    assert reset_peak_bytes(_manifest(), 2) == [3 * big, 3 * small]
+    tables = BIG + SMALL + TINY
+    # one rank: the tables with their slot, and the largest part twice while it is read and
+    # converted; a table drawn whole (two more copies of it) is less here
+    assert reset_peak_bytes(_manifest(), 1) == [2 * tables + 2 * BIG]
+    assert reset_peak_bytes(_manifest(slots=()), 1) == [tables + 2 * BIG]
+    # two ranks (memory_balanced, largest first: big on rank 0, small and tiny on rank 1)
+    assert reset_peak_bytes(_manifest(), 2) == [4 * BIG, 2 * (SMALL + TINY) + 2 * SMALL]
+
+
+def test_the_prediction_counts_per_row_state_a_column_wide_and_replicas_on_every_rank():
+    rows = (1_000_000 + 1_000 + 10) * 4  # one float per row of each table
+    assert reset_peak_bytes(_manifest(per_row=True), 1) == [BIG + SMALL + TINY + rows + 2 * BIG]
+    # the commit's own options re-plan the new world: tiny (40 elements) replicated
+    replicated = _manifest(per_row=True, options={"data_parallel_threshold": 40})
+    two = reset_peak_bytes(replicated, 2)
+    assert two == [BIG + 4_000_000 + TINY + 40 + 2 * BIG, SMALL + 4_000 + TINY + 40 + 2 * SMALL]
 
 
 def test_a_reset_that_cannot_fit_is_refused_naming_the_need_and_the_ranks_that_would():
@@ -54,16 +67,16 @@ def test_a_reset_that_cannot_fit_is_refused_naming_the_need_and_the_ranks_that_w
     assert reset_problem(_manifest(), 1, 0, 1, available=None) is None  # unknown: not checked
     problem = reset_problem(_manifest(), 1, rank=0, ranks_on_host=1, available=need // 2)
     assert problem == (
-        "An elastic reset to 1 rank(s) would need 732.5 MiB on rank 0 (its share of the "
-        "tables with their optimizer slots, as committed at step 40), more than the 366.3 MiB "
+        "An elastic reset to 1 rank(s) would need 976.7 MiB on rank 0 (its share of the "
+        "tables with their optimizer slots, as committed at step 40), more than the 488.3 MiB "
         "of memory available to each of the 1 rank(s) on its host: the job stops rather than "
         "be killed part-way. The commit /ckpt/step-40 is intact; resume it on more ranks: at "
-        "least 3 ranks, 1 a host with memory like this one, would fit (horovodrun --min-np 3 "
+        "least 4 ranks, 1 a host with memory like this one, would fit (horovodrun --min-np 4 "
         "waits for them). Received: world_size=1"
     )
     # the host's memory is shared by its ranks
     two = reset_problem(_manifest(), 2, rank=0, ranks_on_host=2, available=int(1.5 * need))
-    assert "at least 3 ranks, 2 a host" in two
+    assert "at least 4 ranks, 2 a host" in two
 
 
 def test_a_reset_frees_the_old_model_and_restores_one_shard_at_a_time(tmp_path):

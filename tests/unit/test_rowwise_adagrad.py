@@ -134,7 +134,7 @@ def test_bad_hyper_parameters_are_refused(kwargs, named):
 def test_a_variable_holding_several_shards_is_refused():
     var = tf.Variable(tf.zeros([6, 4]))
     mark_table(var, TableMark("merged_table", 4, 4, whole=False))
-    with pytest.raises(NotImplementedError, match="merged_table"):
+    with pytest.raises(ValueError, match="merged_table"):
         RowWiseAdagrad(0.1).apply_gradients([(tf.ones([6, 4]), var)])
 
 

@@ -166,6 +166,12 @@ def check_options(args) -> str | None:
             return f"{name} needs --checkpoint-dir. Received: {name}={getattr(args, flag)}"
     if problem := elastic_problem(args):
         return problem
+    if args.optimizer == "rowwise_adagrad" and args.embeddings != "distributed":
+        return (
+            f"--optimizer rowwise_adagrad keeps one value per row of the block's tables; "
+            f"mm.Embeddings' tables would train element-wise. Use --embeddings distributed. "
+            f"Received: --optimizer={args.optimizer} --embeddings={args.embeddings}"
+        )
     if args.embeddings == LOCAL_TABLES and args.elastic:
         return (
             f"--embeddings {args.embeddings} is a speed bound for fixed ranks, not an elastic "

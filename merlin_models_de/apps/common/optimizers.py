@@ -31,7 +31,7 @@ def optimizer_for(args, emb=None):
         "sgd": legacy.SGD,
         "adagrad": legacy.Adagrad,
         "adam": legacy.Adam,
-        "rowwise_adagrad": RowWiseAdagrad,  # tables of mm.Embeddings: element-wise
+        "rowwise_adagrad": RowWiseAdagrad,  # the block's tables only (check_options)
     }[args.optimizer](lr)
     if getattr(args, "embeddings", None) != LOCAL_TABLES or comm.size() == 1:
         return optimizer
