@@ -3,8 +3,8 @@
 # multi-process tests under `horovodrun -np 2`, the multi-host tests and Merlin's own tests with
 # the swap. Every stage has a timeout; a stuck rank prints "rank N stuck ..." with its stack and
 # fails the run instead of stalling CI.
-# Two tiers (tests/conftest.py): this runs the CI tier (27 minutes from a clean clone on 2
-# cores: setup 2.4, single-process 7.3, horovodrun 10.3, multi-host 3.4, peer 3.5);
+# Two tiers (tests/conftest.py): this runs the CI tier (26 minutes from a clean clone on 2
+# cores: setup 2.1, single-process 7.4, horovodrun 10.9, multi-host 3.2, peer 2.5);
 # `bash ci/test.sh --full` (MMDE_FULL=1) runs every test, the costlier parametrizations and
 # Merlin tests marked `full` and the docs' code blocks too (~2.5 hours).
 set -uo pipefail
