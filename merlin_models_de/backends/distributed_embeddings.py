@@ -103,17 +103,8 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
 
     name = "distributed-embeddings"
 
-    def __init__(
-        self,
-        plan: ShardingPlan,
-        features,
-        rank: int,
-        validate_ids: bool = True,
-        exchange_dtype: str | None = None,
-    ):
-        super().__init__(
-            plan, features, rank, validate_ids=validate_ids, exchange_dtype=exchange_dtype
-        )
+    def __init__(self, plan: ShardingPlan, features, rank: int, **options):
+        super().__init__(plan, features, rank, **options)  # options: see the base class
         self.names = [t.name for t in plan.tables]
         self.input_table_map = [self.names.index(f.table) for f in self.features]
         self.de = None

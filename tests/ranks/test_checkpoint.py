@@ -22,6 +22,7 @@ from merlin_models_de.persistence.checkpoint import (
 from merlin_models_de.persistence.io import StorageError
 from merlin_models_de.variables import optimizer_parts, optimizer_variables, slots_of
 from tests.ranks import oracle_dlrm as fc
+from tests.ranks.one_process import one_process_env
 
 PER_RANK = 16
 
@@ -152,11 +153,7 @@ def test_restore_across_strategies_and_world_sizes(hvd, tmp_path_factory):
     if comm.rank() == 0:
         path = os.path.join(single, "..", "data.npz")
         np.savez(path, **data)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))
-        }
+        env = one_process_env()
         spec = dict(basic, world_size=1, strategy="memory_optimized")
         run = subprocess.run(
             [

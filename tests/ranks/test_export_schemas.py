@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import comm
+from tests.ranks.one_process import one_process_env
 
 PER_RANK = 8
 
@@ -134,9 +135,7 @@ def build(schema):
 def predict_in_one_process(path, data, tmp):
     src, out = os.path.join(tmp, "data.npz"), os.path.join(tmp, "pred.npy")
     np.savez(src, **data)
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))
-    }
+    env = one_process_env()
     run = subprocess.run(
         [sys.executable, "-c", SINGLE_PROCESS_PREDICT, path, src, out],
         capture_output=True,

@@ -15,6 +15,7 @@ from merlin_models_de import comm
 from merlin_models_de.backends.registry import is_importable
 from merlin_models_de.variables import embedding_blocks
 from tests.ranks import oracle_dlrm as fc
+from tests.ranks.one_process import one_process_env
 from tests.tf_inspection import TFLogRecords, collectives
 
 PER_RANK = 32
@@ -28,11 +29,7 @@ def reference(spec, data, tmp, runner="tests.ranks.fit_reference"):
     if comm.rank() == 0:
         src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
         np.savez(src, spec=json.dumps(spec), **data)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))
-        }
+        env = one_process_env()
         run = subprocess.run(
             [sys.executable, "-m", runner, src, dst],
             capture_output=True,
@@ -218,11 +215,7 @@ def test_save_exports_a_single_process_model(hvd, tmp_path_factory):
         src = os.path.join(path, "..", "data.npz")
         np.savez(src, **data)
         out = os.path.join(path, "..", "pred.npy")
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))
-        }
+        env = one_process_env()
         run = subprocess.run(
             [sys.executable, "-c", code, path, src, out],
             capture_output=True,

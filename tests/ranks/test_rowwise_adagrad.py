@@ -23,6 +23,7 @@ from merlin_models_de.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.variables import embedding_blocks, slots_of
 from tests.ranks import oracle
 from tests.ranks import oracle_dlrm as fc
+from tests.ranks.one_process import one_process_env
 from tests.ranks.test_fit import PER_RANK, started_like_reference
 from tests.ranks.test_oracle import PLACEMENTS, make_block
 
@@ -165,11 +166,7 @@ def test_a_two_rank_checkpoint_restores_into_one_process(hvd, tmp_path_factory):
         single = str(tmp_path_factory.mktemp("single"))
         path = os.path.join(single, "..", "data.npz")
         np.savez(path, **data)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("HOROVOD", "OMPI", "PMI", "GLOO"))
-        }
+        env = one_process_env()
         one = dict(spec, world_size=1, strategy="memory_optimized", column=None)
         run = subprocess.run(
             [sys.executable, "-m", "tests.ranks.checkpoint_reference", json.dumps(one), path]

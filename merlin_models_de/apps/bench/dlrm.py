@@ -45,7 +45,13 @@ import sys
 
 from merlin_models_de.apps.bench import step_breakdown
 from merlin_models_de.apps.bench.plots import bench_png
-from merlin_models_de.apps.bench.runs import DEFAULT_OUT, OUT_HELP, finished_runs, write_results
+from merlin_models_de.apps.bench.runs import (
+    DEFAULT_OUT,
+    OUT_HELP,
+    baseline_and_ranks_args,
+    finished_runs,
+    write_results,
+)
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.optimizers import LEARNING_RATES
 from merlin_models_de.apps.common.options import INPUTS, LOCAL_TABLES
@@ -155,24 +161,8 @@ def _runs(args) -> list[dict]:
         ]
         if args.max_table_rows:
             base += ["--max-table-rows", str(args.max_table_rows)]
-        lr = LEARNING_RATES[opt]
-        runs.append(
-            {
-                "name": "single",
-                "optimizer": opt,
-                "ranks": 1,
-                "args": base
-                + [
-                    "--embeddings",
-                    "merlin",
-                    "--batch-size",
-                    str(args.batch_size * n),
-                    "--learning-rate",
-                    str(lr * n),
-                ],
-            }
-        )
-        dist = base + ["--batch-size", str(args.batch_size), "--learning-rate", str(lr)]
+        single, dist = baseline_and_ranks_args(base, args.batch_size, LEARNING_RATES[opt], n)
+        runs.append({"name": "single", "optimizer": opt, "ranks": 1, "args": single})
         runs.append(
             {
                 "name": "data-parallel",

@@ -28,7 +28,13 @@ import argparse
 import os
 import sys
 
-from merlin_models_de.apps.bench.runs import DEFAULT_OUT, OUT_HELP, finished_runs, write_results
+from merlin_models_de.apps.bench.runs import (
+    DEFAULT_OUT,
+    OUT_HELP,
+    baseline_and_ranks_args,
+    finished_runs,
+    write_results,
+)
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.optimizers import LEARNING_RATES
 from merlin_models_de.tables import human_bytes
@@ -80,21 +86,9 @@ def _runs(args) -> list[dict]:
         args.encoder,
         "--quiet",
     ]
-    dist = base + ["--batch-size", str(args.batch_size), "--learning-rate", str(lr)]
+    single, dist = baseline_and_ranks_args(base, args.batch_size, lr, n)
     runs = [
-        {
-            "name": "single",
-            "ranks": 1,
-            "args": base
-            + [
-                "--embeddings",
-                "merlin",
-                "--batch-size",
-                str(args.batch_size * n),
-                "--learning-rate",
-                str(lr * n),
-            ],
-        },
+        {"name": "single", "ranks": 1, "args": single},
         {"name": "data-parallel", "ranks": n, "args": dist + ["--embeddings", "merlin"]},
         {"name": "sharded", "ranks": n, "args": dist + ["--embeddings", "distributed"]},
         {

@@ -19,6 +19,15 @@ OUT_HELP = (
 )
 
 
+def baseline_and_ranks_args(base: list, batch_size: int, lr: float, n: int):
+    """``(one process's arguments, each of n ranks' arguments)`` of a comparison: the one
+    process trains ``mm.Embeddings`` on the global batch at n times the rate (as Merlin scales
+    it for n ranks), so its steps equal the ranks' steps."""
+    single = base + ["--embeddings", "merlin", "--batch-size", str(batch_size * n)]
+    ranks = base + ["--batch-size", str(batch_size), "--learning-rate", str(lr)]
+    return single + ["--learning-rate", str(lr * n)], ranks
+
+
 def horovodrun(
     ranks: int, command: list, hosts: str | None = None, network_interface: str | None = None
 ) -> list:

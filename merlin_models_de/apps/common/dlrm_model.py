@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from merlin_models_de.apps.common.options import LOCAL_TABLES
+from merlin_models_de.apps.common.options import LOCAL_TABLES, placement_options
 from merlin_models_de.compat import merlin as merlin_compat
 
 
@@ -64,12 +64,7 @@ def model_for(args, schema):
         emb = mm.DistributedEmbeddings(
             schema,
             dim=args.dim,
-            strategy=args.strategy,
-            column_slice_threshold=args.column_slice_threshold,
-            row_slice_threshold=args.row_slice_threshold,
-            data_parallel_threshold=args.data_parallel_threshold,
-            backend=args.backend,
-            validate_ids=args.validate_ids,
+            **placement_options(args),
             exchange_dtype=args.exchange_dtype,
             exchange_ahead=args.exchange_ahead,
             merge_backward=args.merge_backward,

@@ -108,6 +108,18 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def placement_options(args) -> dict:
+    """The ``DistributedEmbeddings`` arguments both commands' placement options give."""
+    return dict(
+        strategy=args.strategy,
+        column_slice_threshold=args.column_slice_threshold,
+        row_slice_threshold=args.row_slice_threshold,
+        data_parallel_threshold=args.data_parallel_threshold,
+        backend=args.backend,
+        validate_ids=args.validate_ids,
+    )
+
+
 def add_run_options(group, checkpoint_help: str) -> None:
     """The output options the DLRM and next-item commands share: checkpoints, the report,
     the rank's threads, ``--quiet`` and ``--elastic``."""

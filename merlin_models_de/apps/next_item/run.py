@@ -17,6 +17,7 @@ from merlin_models_de.apps.common.checkpoints import checkpoint_callback, restor
 from merlin_models_de.apps.common.cores import configure_threads
 from merlin_models_de.apps.common.epochs import RestOfEpoch, equal_steps_for
 from merlin_models_de.apps.common.optimizers import optimizer_for
+from merlin_models_de.apps.common.options import placement_options
 from merlin_models_de.apps.common.reports import embedding_bytes, peak_rss_bytes, write_report
 from merlin_models_de.apps.common.synthetic import rank_rows
 from merlin_models_de.apps.next_item.data import ITEM, make_sessions, session_schema
@@ -121,12 +122,7 @@ def model_for(args, schema):
             schema,
             dim=args.dim,
             sequence_combiner=None,
-            strategy=args.strategy,
-            column_slice_threshold=args.column_slice_threshold,
-            row_slice_threshold=args.row_slice_threshold,
-            data_parallel_threshold=args.data_parallel_threshold,
-            backend=args.backend,
-            validate_ids=args.validate_ids,
+            **placement_options(args),
         )
     hidden = args.hidden or args.dim
     if args.encoder == "gru":

@@ -41,17 +41,8 @@ class HorovodBackend(EmbeddingBackend):
 
     name = "horovod"
 
-    def __init__(
-        self,
-        plan: ShardingPlan,
-        features,
-        rank: int,
-        validate_ids: bool = True,
-        exchange_dtype: str | None = None,
-    ):
-        super().__init__(
-            plan, features, rank, validate_ids=validate_ids, exchange_dtype=exchange_dtype
-        )
+    def __init__(self, plan: ShardingPlan, features, rank: int, **options):
+        super().__init__(plan, features, rank, **options)  # options: see the base class
         self.routing = Routing.build(plan, self.features)
         self.schedule = StepSchedule.build(self.routing, self.features)
         self.lookahead = None  # the next batch's kept exchange (several ranks), by build()
