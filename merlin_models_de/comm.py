@@ -244,6 +244,10 @@ def broadcast(tensor, root_rank=0, name=None):
     h = hvd()
     if h is None or h.size() == 1:
         return tensor
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.dtype == tf.bfloat16:  # Horovod 0.28 has no bfloat16: send the bits
+        bits = h.broadcast(tf.bitcast(tensor, tf.int16), root_rank, name=name)
+        return tf.bitcast(bits, tf.bfloat16)
     return h.broadcast(tensor, root_rank, name=name)
 
 

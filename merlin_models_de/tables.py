@@ -278,3 +278,23 @@ def human_bytes(n: float) -> str:
         return f"{int(n)} B"
     exp = min(int(math.log(n, 1024)), 5)
     return f"{n / 1024 ** exp:.1f} {'KMGTP'[exp - 1]}iB"
+
+
+# the dtypes a table may be stored in (the block's table_dtype; see merlin_models_de.rounding)
+TABLE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def table_dtype_name(value) -> str | None:
+    """``value`` (None, a name or a ``tf.DType``) as a name from TABLE_DTYPES, or None.
+
+    Raises ValueError naming the option and the value received.
+    """
+    if value is None:
+        return None
+    name = getattr(value, "name", value)
+    if not isinstance(name, str) or name not in TABLE_DTYPES:
+        raise ValueError(
+            f"table_dtype must be None (tables are stored in the block's dtype) or one of "
+            f"{list(TABLE_DTYPES)}. Received: table_dtype={value!r}"
+        )
+    return name

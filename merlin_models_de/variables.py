@@ -40,6 +40,8 @@ class TableMark(NamedTuple):
         whole: The variable holds one shard exactly (False: a backend merged several).
         owner: Which block of this process holds it (an opaque key: two blocks may name
             their tables alike).
+        first_row: The table row its row 0 holds (a row slice starts inside the table).
+        first_col: The table column its column 0 holds.
     """
 
     table: str
@@ -47,6 +49,8 @@ class TableMark(NamedTuple):
     cols: int
     whole: bool = True
     owner: int = 0
+    first_row: int = 0
+    first_col: int = 0
 
     @property
     def column_sliced(self) -> bool:
@@ -87,6 +91,11 @@ def mark_row_state(slot) -> None:
 def is_row_state(slot) -> bool:
     """True for a slot :func:`mark_row_state` marked."""
     return bool(getattr(slot, ROW_STATE_ATTR, False))
+
+
+def has_row_state(optimizer) -> bool:
+    """True when ``optimizer`` (or one inside it) keeps a slot :func:`mark_row_state` marked."""
+    return any(is_row_state(v) for o in optimizer_parts(optimizer) for v in optimizer_variables(o))
 
 
 def local_variables(obj) -> list:

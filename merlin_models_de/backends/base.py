@@ -40,6 +40,7 @@ from merlin_models_de.backends.validate import (
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
 from merlin_models_de.runtime import agree
+from merlin_models_de.tables import table_dtype_name
 from merlin_models_de.variables import TableMark, mark_local, mark_table
 
 
@@ -53,6 +54,9 @@ class EmbeddingBackend(abc.ABC):
         validate_ids: Count ids outside their table as problems (see ``validate``).
         exchange_dtype: The float looked-up rows and their gradients cross ranks in (see
             :mod:`.wire`); None: the block's dtype.
+        table_dtype: The float model-parallel shards are stored in (see
+            :mod:`merlin_models_de.rounding`); None: the block's dtype. Replicated tables
+            keep the block's dtype: their gradients are averaged with the dense ones.
     """
 
     name: ClassVar[str] = "base"
@@ -64,9 +68,10 @@ class EmbeddingBackend(abc.ABC):
         rank: int,
         validate_ids: bool = True,
         exchange_dtype: str | None = None,
+        table_dtype: str | None = None,
     ):
         features = tuple(features)
-        problem = self.unsupported(features, exchange_dtype)
+        problem = self.unsupported(features, exchange_dtype, table_dtype)
         if problem is not None:
             raise NotImplementedError(problem)
         self.plan: ShardingPlan = plan
@@ -78,14 +83,16 @@ class EmbeddingBackend(abc.ABC):
         self.tables = {t.name: t for t in plan.tables}
         self.prefix = "mmde"
         self.dtype = tf.float32  # the layer's variable dtype, set by build()
+        self.table_dtype_option = table_dtype_name(table_dtype)
+        self.table_dtype = tf.float32  # the shards' dtype, set by build()
         self.out_of_range = None  # per-feature counts of unchecked ids, set by build()
         self._built = False
 
     @classmethod
-    def unsupported(cls, features, exchange_dtype=None) -> str | None:
-        """Why this backend cannot run ``features`` with ``exchange_dtype`` (a message naming
-        the feature or option), or None."""
-        del features, exchange_dtype
+    def unsupported(cls, features, exchange_dtype=None, table_dtype=None) -> str | None:
+        """Why this backend cannot run ``features`` with ``exchange_dtype`` and
+        ``table_dtype`` (a message naming the feature or option), or None."""
+        del features, exchange_dtype, table_dtype
         return None
 
     # ---- variables -------------------------------------------------------------------------
@@ -103,8 +110,9 @@ class EmbeddingBackend(abc.ABC):
         tables = ",".join(sorted(t.name for t in self.plan.tables)).encode()
         self.prefix = f"mmde_{layer.name}_{zlib.crc32(tables):08x}".replace("/", "_")
         self.dtype = tf.as_dtype(layer.dtype or "float32")
+        self.table_dtype = tf.as_dtype(self.table_dtype_option or self.dtype)
         if not tf.config.list_logical_devices("GPU"):  # device memory is not known up front
-            check_fits(self.plan, self.dtype.size, comm.local_size(), host_memory_bytes())
+            check_fits(self.plan, self.table_dtype.size, comm.local_size(), host_memory_bytes())
         # each rank initializes its own shards; later layers must not start differently
         with keras_compat.same_randomness_on_every_rank(draws=len(self.plan.tables)):
             # on several ranks each shard gets its own seed (see backends/shard_init.py)
@@ -135,7 +143,15 @@ class EmbeddingBackend(abc.ABC):
             var, first = self.shard_variable(s)
             dim = self.plan.table(s.table).dim
             whole = first == 0 and tuple(var.shape) == (s.rows, s.cols)
-            mark_table(var, TableMark(s.table, dim, s.cols, whole, id(self)))
+            mark_table(
+                var, TableMark(s.table, dim, s.cols, whole, id(self), s.row_start, s.col_start)
+            )
+
+    def storage_dtype(self, table: str):
+        """The dtype ``table``'s variables hold (replicated tables: the block's)."""
+        if self.plan.kind_of(table) is ShardingType.DATA_PARALLEL:
+            return self.dtype
+        return self.table_dtype
 
     @abc.abstractmethod
     def create_variables(self, layer, initializer: Callable, trainable: bool) -> None:
@@ -241,7 +257,7 @@ class EmbeddingBackend(abc.ABC):
         if shards[0].kind is ShardingType.DATA_PARALLEL:
             return self.shard_variable(shards[0])[0].numpy()  # every rank has the whole table
         table = self.plan.table(name)
-        dtype = self.dtype
+        dtype = self.storage_dtype(name)
         out = np.zeros((table.rows, table.dim), dtype.as_numpy_dtype)
         for s in shards:
             for lo, hi in _chunks(s.rows, s.cols * dtype.size, chunk_bytes):
@@ -263,7 +279,7 @@ class EmbeddingBackend(abc.ABC):
                 f"Received: shape={tuple(np.shape(array))}"
             )
         shards = self.plan.shards_of(name)
-        dtype = self.dtype
+        dtype = self.storage_dtype(name)
         for s in shards:
             for lo, hi in _chunks(s.rows, s.cols * dtype.size, chunk_bytes):
                 if array is not None:

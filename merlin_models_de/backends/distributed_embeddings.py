@@ -110,7 +110,13 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
         self.de = None
 
     @classmethod
-    def unsupported(cls, features, exchange_dtype=None):
+    def unsupported(cls, features, exchange_dtype=None, table_dtype=None):
+        if table_dtype is not None and table_dtype != "float32":
+            return (
+                "backend='distributed-embeddings' stores tables in float32 only; use "
+                "backend='horovod' (or 'auto') for 16-bit tables. Received: "
+                f"table_dtype={table_dtype!r}"
+            )
         if exchange_dtype is not None:
             return (
                 "backend='distributed-embeddings' exchanges rows in the block's dtype only; "

@@ -37,9 +37,16 @@ def combiner_weights(row_lengths, combiner: str):
     return tf.repeat(per_row, row_lengths)
 
 
-def named_gather(var, ids, name):
+def named_gather(var, ids, name, dtype=None):
     """``tf.gather(var, ids)`` whose out-of-range error (CPU, ids unvalidated) says ``name``:
-    graph mode names the failing node; eager errors carry no op name, so add it here."""
+    graph mode names the failing node; eager errors carry no op name, so add it here.
+    ``dtype``: the rows widened to it (a 16-bit table's rows are read into the block's dtype;
+    the gradient then reaches the table as float rows of its own dtype)."""
+    rows = _gather(var, ids, name)
+    return rows if dtype is None or rows.dtype == dtype else tf.cast(rows, dtype)
+
+
+def _gather(var, ids, name):
     if name is None or not tf.executing_eagerly():
         return tf.gather(var, ids, name=name)
     try:
@@ -50,7 +57,9 @@ def named_gather(var, ids, name):
         ) from None
 
 
-def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None, name=None):
+def pooled_lookup(
+    var, ids, *, row_lengths=None, combiner=None, row_range=None, name=None, dtype=None
+):
     """Looks ``ids`` up in ``var``, pooling multi-hot samples.
 
     Args:
@@ -60,9 +69,10 @@ def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None, 
         combiner: ``sum`` / ``mean`` / ``sqrtn`` for multi-hot inputs.
         row_range: ``(start, rows)`` for a row-sliced shard: ids outside it contribute zero.
         name: Name of the gather op (it appears in TF's error for an id outside ``var``).
+        dtype: The dtype rows are read into and pooled in (None: ``var``'s).
 
     Returns:
-        ``[n, cols]`` vectors in ``var``'s dtype.
+        ``[n, cols]`` vectors in ``dtype``.
     """
     ids = tf.cast(ids, tf.int64)
     mask = None
@@ -71,12 +81,14 @@ def pooled_lookup(var, ids, *, row_lengths=None, combiner=None, row_range=None, 
         local = ids - start
         inside = tf.logical_and(local >= 0, local < rows)
         ids = tf.where(inside, local, tf.zeros_like(local))
-        mask = tf.cast(inside, var.dtype)
-    vectors = named_gather(var, ids, name)
+        mask = inside
+    vectors = named_gather(var, ids, name, dtype)
+    if mask is not None:
+        mask = tf.cast(mask, vectors.dtype)
     if row_lengths is None:
         return vectors if mask is None else vectors * mask[:, None]
     row_lengths = tf.cast(row_lengths, tf.int64)
-    weights = tf.cast(combiner_weights(row_lengths, combiner), var.dtype)
+    weights = tf.cast(combiner_weights(row_lengths, combiner), vectors.dtype)
     if mask is not None:
         weights = weights * mask
     n = tf.shape(row_lengths, out_type=tf.int64)[0]

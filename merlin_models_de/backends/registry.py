@@ -66,7 +66,7 @@ def backend_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def resolve(backend: str, features=(), exchange_dtype=None) -> str:
+def resolve(backend: str, features=(), exchange_dtype=None, table_dtype=None) -> str:
     """The backend that runs ``features``: ``auto`` picks the first one in preference order
     that imports and supports every feature (distributed-embeddings, then horovod).
 
@@ -81,14 +81,15 @@ def resolve(backend: str, features=(), exchange_dtype=None) -> str:
     for name in _CLASSES:
         if (
             is_importable(name)
-            and backend_class(name).unsupported(features, exchange_dtype) is None
+            and backend_class(name).unsupported(features, exchange_dtype, table_dtype) is None
         ):
             return name
     return "horovod"
 
 
-def create(name: str, plan, features, rank: int, validate_ids: bool = True, exchange_dtype=None):
-    """Instantiates the (already resolved) backend ``name`` for this rank."""
+def create(name: str, plan, features, rank: int, **options):
+    """Instantiates the (already resolved) backend ``name`` for this rank; ``options``: see
+    :class:`merlin_models_de.backends.base.EmbeddingBackend`."""
     check_name(name)
     if not is_importable(name):
         raise ImportError(
@@ -97,6 +98,4 @@ def create(name: str, plan, features, rank: int, validate_ids: bool = True, exch
             "backend='auto' falls back to 'horovod'. Received: backend="
             f"{name!r}"
         )
-    return backend_class(name)(
-        plan, features, rank, validate_ids=validate_ids, exchange_dtype=exchange_dtype
-    )
+    return backend_class(name)(plan, features, rank, **options)

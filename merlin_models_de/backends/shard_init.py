@@ -144,5 +144,18 @@ def fill_by_rows(variable, blocks) -> None:
     cols = int(variable.shape[1])
     with tf.init_scope():
         for first, rows, initializer in blocks:
-            values = initializer((rows, cols), dtype=variable.dtype)
+            values = drawn_wide(initializer)((rows, cols), dtype=variable.dtype)
             variable.scatter_update(tf.IndexedSlices(values, tf.range(first, first + rows)))
+
+
+def drawn_wide(initializer):
+    """``initializer`` for a variable of any dtype: a 16-bit table's rows are drawn in
+    float32 and rounded once (the draw a float32 table gets, whatever the storage)."""
+
+    def draw(shape, dtype=None, **kwargs):
+        dtype = tf.as_dtype(dtype or tf.float32)
+        if dtype.size != 2:
+            return initializer(shape, dtype=dtype, **kwargs)
+        return tf.cast(initializer(shape, dtype=tf.float32, **kwargs), dtype)
+
+    return draw

@@ -163,11 +163,13 @@ class TableHandle(Block):
             )
         shard = self.block.plan.shards_of(self.name)[0]
         var, first = self.block.backend.shard_variable(shard)
-        return (
-            var
-            if first == 0 and var.shape[0] == self.spec.rows
-            else var[first : first + self.spec.rows]
-        )
+        whole = var if first == 0 and var.shape[0] == self.spec.rows else None
+        return self._read(whole if whole is not None else var[first : first + self.spec.rows])
+
+    def _read(self, rows):
+        """``rows`` of this table in the block's dtype (a 16-bit table is read widened)."""
+        dtype = self.block.backend.dtype
+        return rows if rows.dtype == dtype else tf.cast(rows, dtype)
 
     @property
     def sharded(self) -> bool:
@@ -199,8 +201,8 @@ class TableHandle(Block):
         shard = mine[0]
         var, first = self.block.backend.shard_variable(shard)
         if first == 0 and var.shape[0] == shard.rows:
-            return var, shard.row_start
-        return var[first : first + shard.rows], shard.row_start
+            return self._read(var), shard.row_start
+        return self._read(var[first : first + shard.rows]), shard.row_start
 
     def build(self, input_shapes=None):
         self.block.ensure_built()

@@ -38,7 +38,12 @@ from merlin_models_de.compat import tf_checkpoint
 from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
 from merlin_models_de.planner import placed_like, validate_options
 from merlin_models_de.planner import plan as make_plan
-from merlin_models_de.tables import feature_order, is_layer_combiner, tables_from_schema
+from merlin_models_de.tables import (
+    feature_order,
+    is_layer_combiner,
+    table_dtype_name,
+    tables_from_schema,
+)
 
 DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set_global_weights
 # mm.Embeddings' per-table keyword arguments whose meaning the block does not implement
@@ -107,6 +112,12 @@ class DistributedEmbeddings(
             one process rounds them the same, so it still reproduces N ranks. Rows of
             data-parallel and row-sliced tables are not rounded. None (default): the
             block's dtype. ``horovod`` backend only.
+        table_dtype: ``"bfloat16"`` or ``"float16"``: the sharded tables' rows are stored in
+            16 bits (half the memory), read into the block's dtype, and updated in float32
+            then stochastically rounded (:mod:`merlin_models_de.rounding`), which needs an
+            optimizer that updates 16-bit rows: :class:`merlin_models_de.RowWiseAdagrad`.
+            Replicated tables keep the block's dtype. None (default): the block's dtype.
+            ``horovod`` backend only.
         exchange_ahead: With ``fit``'s ``tf.data`` input on several ranks (``horovod``
             backend), each training step sends the next batch's ids with its rows and the
             next step starts from them: one exchange less before its lookups
@@ -150,6 +161,7 @@ class DistributedEmbeddings(
         backend="auto",
         validate_ids=True,
         exchange_dtype=None,
+        table_dtype=None,
         exchange_ahead=True,
         merge_backward=True,
         name="embeddings",
@@ -206,7 +218,8 @@ class DistributedEmbeddings(
             data_parallel_threshold=data_parallel_threshold,
         )
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
-        self.backend_name = resolve(backend, self.features, self.exchange_dtype)
+        self.table_dtype = table_dtype_name(table_dtype)
+        self.backend_name = resolve(backend, self.features, self.exchange_dtype, self.table_dtype)
         self.validate_ids = validate_ids
         for option, value in (
             ("exchange_ahead", exchange_ahead),
@@ -369,6 +382,7 @@ class DistributedEmbeddings(
             backend=self._requested_backend,
             validate_ids=self.validate_ids,
             exchange_dtype=self.exchange_dtype,
+            table_dtype=self.table_dtype,
             exchange_ahead=self.exchange_ahead,
             merge_backward=self.merge_backward,
             **self.options,
@@ -405,6 +419,7 @@ class DistributedEmbeddings(
             self.rank,
             validate_ids=self.validate_ids,
             exchange_dtype=self.exchange_dtype,
+            table_dtype=self.table_dtype,
         )
 
     # the compiled model's optimizer: its name and extra copies per parameter (plain values,

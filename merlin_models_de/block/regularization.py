@@ -106,7 +106,8 @@ def add_table_losses(layer, backend, plan, rank: int, regs: Mapping) -> None:
 
         def loss(var=var, first=first, rows=shard.rows, reg=reg, weight=weight):
             whole = first == 0 and var.shape[0] == rows
-            value = reg(var if whole else var[first : first + rows])
+            values = var if whole else var[first : first + rows]
+            value = reg(values if values.dtype.size > 2 else tf.cast(values, tf.float32))
             return value * weight if weight != 1 else value
 
         layer.add_loss(loss)

@@ -197,3 +197,22 @@ def forget_validation_data(model) -> None:
     left mid-way on some ranks, the next step's collectives waiting forever)."""
     if getattr(model, "_eval_data_handler", None) is not None:
         del model._eval_data_handler
+
+
+def add_slot_as(add_slot, var, slot_name: str, initializer, shape, dtype):
+    """A legacy optimizer's ``add_slot(var, ...)`` (the bound method ``add_slot``) whose slot
+    holds ``dtype`` (Keras gives every slot its variable's dtype; a 16-bit table keeps float32
+    optimizer state). The slot is found by ``var`` afterwards, as any other."""
+    if var.dtype == dtype:
+        return add_slot(var, slot_name, initializer, shape=shape)
+    return add_slot(_WithDtype(var, dtype), slot_name, initializer, shape=shape)
+
+
+class _WithDtype:
+    """``var`` as ``add_slot`` reads it (its key, name, device, strategy), with another dtype."""
+
+    def __init__(self, var, dtype):
+        self.__dict__["_var"], self.__dict__["dtype"] = var, dtype
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_var"], name)

@@ -17,8 +17,8 @@ def install_merlin_hooks(hooks) -> None:
 
     ``hooks`` provides ``active(model)`` (adjust this model?), ``compile(original, model,
     optimizer, *args, **kwargs)``, ``evaluate(original, model, *args, **kwargs)``,
-    ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` and
-    ``prepare(model, method, arguments)`` (before ``fit`` / ``evaluate`` / ``predict``: the
+    ``fit_callbacks(model, callbacks)``, ``save(original, model, *args, **kwargs)`` (on any
+    number of ranks) and ``prepare(model, method, arguments)`` (before ``fit`` / ``evaluate`` / ``predict``: the
     call's arguments by name, returned checked and adjusted),
     ``rank_loader(method, data, batch_size, shuffle, loader_kwargs)`` (a
     Merlin ``Dataset`` given to them, as a ``Loader``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
@@ -203,8 +203,6 @@ def _scoped_from_config(original, hooks):
 
 def _wrapped_save(original, hooks):
     def save(self, *args, **kwargs):
-        if not hooks.active(self):
-            return original(self, *args, **kwargs)
         return hooks.save(original, self, *args, **kwargs)
 
     return save

@@ -53,9 +53,14 @@ from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.merlin.calls import prepare_call
 from merlin_models_de.merlin.id_report import report_for
 from merlin_models_de.merlin.input import rank_loader
-from merlin_models_de.merlin.optimizers import distributed, is_multi_optimizer, slot_copies
+from merlin_models_de.merlin.optimizers import (
+    check_table_dtype,
+    distributed,
+    is_multi_optimizer,
+    slot_copies,
+)
 from merlin_models_de.persistence.export import save_single_process
-from merlin_models_de.variables import embedding_blocks, local_slot_refs
+from merlin_models_de.variables import embedding_blocks, has_row_state, local_slot_refs
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
@@ -136,7 +141,9 @@ class MerlinHooks:
 
     @staticmethod
     def after_compile(model):
-        """Tells each block the compiled optimizer's slot copies (``block.summary()``)."""
+        """Checks that the optimizer can train the blocks' 16-bit tables, and tells each block
+        the compiled optimizer's slot copies (``block.summary()``)."""
+        check_table_dtype(model)
         name, slots = slot_copies(model.optimizer) or (None, None)
         for block in embedding_blocks(model):
             block.compiled_optimizer_name, block.compiled_optimizer_slots = name, slots
@@ -191,6 +198,13 @@ class MerlinHooks:
 
     @staticmethod
     def save(original, model, *args, **kwargs):
+        if not MerlinHooks.active(model):
+            # Keras' SavedModel loader recreates each optimizer slot in its variable's shape,
+            # so row state ([rows, 1]) cannot be loaded back: such an optimizer is left out,
+            # as N ranks leave every optimizer out (checkpoints hold the training state)
+            if has_row_state(getattr(model, "optimizer", None)):
+                kwargs["include_optimizer"] = False
+            return original(model, *args, **kwargs)
         with uncompiled_load_quiet():  # rank 0 saves an uncompiled single-process copy
             return save_single_process(model, original, *args, **kwargs)
 

@@ -24,8 +24,10 @@ from merlin_models_de import comm
 from merlin_models_de.backends.horovod import backward
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.planner.types import OPTIMIZER_SLOTS
-from merlin_models_de.variables import is_local
+from merlin_models_de.planner.types import MODEL_PARALLEL, OPTIMIZER_SLOTS
+from merlin_models_de.rounding import is_narrow
+from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
+from merlin_models_de.variables import embedding_blocks, is_local
 
 
 def scaled_optimizer(optimizer, factor):
@@ -139,3 +141,41 @@ def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
         if grad is not None and is_local(var):
             out[i] = (comm.divided(grad, float(n)), var)
     return out
+
+
+def check_table_dtype(model) -> None:
+    """Raises ValueError naming the table, its dtype and the optimizer when a block stores
+    trainable tables in 16 bits and the optimizer that trains them cannot update 16-bit rows
+    (Keras' optimizers would round every update to nearest, losing the small ones, and
+    keep their state in 16 bits too)."""
+    for block in embedding_blocks(model):
+        if block.table_dtype is None or not is_narrow(block.table_dtype) or not block.trainable:
+            continue
+        optimizer = optimizer_of(model.optimizer, block)
+        if optimizer is None or isinstance(optimizer, RowWiseAdagrad):
+            continue
+        narrow = [t.name for t in block.tables if block.plan.kind_of(t.name) in MODEL_PARALLEL]
+        if not narrow:  # every table replicated: stored in the block's dtype
+            continue
+        table = narrow[0]
+        raise ValueError(
+            f"Table '{table}' of block '{block.name}' is stored in {block.table_dtype} "
+            f"(table_dtype={block.table_dtype!r}); its rows are updated in float32 and "
+            "stochastically rounded by merlin_models_de.RowWiseAdagrad only. Compile with it "
+            "(or give it the block through mm.MultiOptimizer), or use table_dtype=None. "
+            f"Received: optimizer={type(optimizer).__name__}"
+        )
+
+
+def optimizer_of(optimizer, block):
+    """The optimizer that trains ``block``'s tables: ``optimizer`` itself, or in Merlin's
+    MultiOptimizer the one given the block (later ``update`` calls win), else its default."""
+    optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
+    if not is_multi_optimizer(optimizer):
+        return optimizer
+    found = optimizer.default_optimizer
+    pairs = list(optimizer.optimizers_and_blocks) + list(optimizer.update_optimizers_and_blocks)
+    for pair in pairs:
+        if any(b is block or block in embedding_blocks(b) for b in pair.blocks):
+            found = pair.optimizer
+    return found

@@ -46,6 +46,7 @@ from merlin_models_de.persistence.io import (
     StorageError,
     fsync_directories,
     fsync_directory,
+    to_disk,
     write_array,
     write_arrays,
 )
@@ -70,7 +71,7 @@ from merlin_models_de.persistence.manifest import (
 )
 from merlin_models_de.persistence.restore import latest_checkpoint, restore_checkpoint
 from merlin_models_de.persistence.retention import next_sequence, prune
-from merlin_models_de.persistence.state import model_state, numpy_dtype
+from merlin_models_de.persistence.state import dtype_name, model_state, numpy_dtype
 from merlin_models_de.runtime import agree
 
 __all__ = [
@@ -184,9 +185,7 @@ def _prepare(model, directory, step) -> _Prepared:
         for shard in block.plan.stored_shards_on(block.rank):
             var, _ = block.backend.shard_variable(shard)
             per_row = state.per_row(var)
-            local[(b, shard.table)] = [
-                (n, numpy_dtype(v).name, per_row[n]) for n, v in state.parts(var)
-            ]
+            local[(b, shard.table)] = [(n, dtype_name(v), per_row[n]) for n, v in state.parts(var)]
             size += sum(
                 npy_bytes(part_shape(shard, per_row[n]), numpy_dtype(v).itemsize)
                 for n, v in state.parts(var)
@@ -239,7 +238,7 @@ def _write_shards(state, tmp, parts) -> None:
                 path = shard_file(tmp, stems[name], shard.rank)
                 # sliced as a value, not as a variable: a variable's slice carries an
                 # `assign` that holds the variable for as long as the slice lives
-                write_array(path, source.value()[first : first + shard.rows].numpy())
+                write_array(path, to_disk(source.value()[first : first + shard.rows].numpy()))
                 written.append(path)
     fsync_directories(tmp, written)
 
@@ -289,7 +288,7 @@ def _commit(state, directory, tmp, step, parts, keep, stale) -> str | None:
 
 
 def _describe(name, var) -> dict:
-    return {"name": name, "shape": list(var.shape), "dtype": numpy_dtype(var).name}
+    return {"name": name, "shape": list(var.shape), "dtype": dtype_name(var)}
 
 
 def _describe_block(b, block, parts) -> dict:

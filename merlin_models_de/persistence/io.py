@@ -447,3 +447,28 @@ def read_arrays(path: str, expected: dict) -> dict:
                 f"shape={got.shape}"
             )
     return arrays
+
+
+# ``.npy`` cannot name bfloat16 (NumPy has no such type): a bfloat16 array is written as its
+# uint16 bit patterns, and manifests say "bfloat16"
+BFLOAT16 = "bfloat16"
+
+
+def disk_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of the files of arrays a manifest names ``name``."""
+    return np.dtype(np.uint16) if name == BFLOAT16 else np.dtype(name)
+
+
+def to_disk(array: np.ndarray) -> np.ndarray:
+    """``array`` as it is written: a bfloat16 array as its bits (see BFLOAT16)."""
+    return array.view(np.uint16) if array.dtype.name == BFLOAT16 else array
+
+
+def from_disk(array: np.ndarray, name: str) -> np.ndarray:
+    """A read ``array`` as values of the dtype ``name`` it was written from (bfloat16: as
+    TensorFlow's NumPy bfloat16)."""
+    if name == BFLOAT16 and array.dtype == np.uint16:
+        import tensorflow as tf  # only here: reading other arrays needs no TensorFlow
+
+        return array.view(tf.bfloat16.as_numpy_dtype)
+    return array

@@ -20,6 +20,7 @@ import numpy as np
 from merlin_models_de.persistence.io import (
     StorageError,
     check_array,
+    disk_dtype,
     inside,
     load_array,
     read_json,
@@ -158,7 +159,7 @@ class _ManifestReader:
     def dtype(self, obj, key, field):
         text = self.get(obj, key, str, field)
         try:
-            dtype = np.dtype(text)
+            dtype = disk_dtype(text)
         except TypeError as exc:
             raise self.fail(field, text, "is not a dtype") from exc
         if dtype.kind not in "biuf":

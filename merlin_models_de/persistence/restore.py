@@ -28,6 +28,7 @@ from merlin_models_de import comm
 from merlin_models_de.persistence.io import (
     StorageError,
     check_array,
+    from_disk,
     inside,
     load_array,
     read_arrays,
@@ -328,6 +329,7 @@ def _copy(data, old, shard, out, part) -> None:
 
 def _apply(shards, assigns) -> None:
     for target, first, array in shards:
+        array = from_disk(array, target.dtype.name)
         if first == 0 and tuple(target.shape) == array.shape:
             target.assign(array)
         else:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.persistence.io import BFLOAT16, disk_dtype
 from merlin_models_de.variables import (
     dense_weights,
     embedding_blocks,
@@ -28,9 +29,14 @@ from merlin_models_de.variables import (
 )
 
 
+def dtype_name(var) -> str:
+    """The dtype a manifest names for ``var`` (``bfloat16``, not its bits' uint16)."""
+    return BFLOAT16 if var.dtype.name == BFLOAT16 else np.dtype(var.dtype.as_numpy_dtype).name
+
+
 def numpy_dtype(var) -> np.dtype:
-    """The NumPy dtype of a TensorFlow variable."""
-    return np.dtype(var.dtype.as_numpy_dtype)
+    """The NumPy dtype a TensorFlow variable's values are written in (see ``io.BFLOAT16``)."""
+    return disk_dtype(dtype_name(var))
 
 
 def optimizer_label(optimizer) -> str | None:
@@ -119,13 +125,13 @@ def _claimed_slots(state, variables) -> set:
 def _check_shard_slots(state, blocks) -> None:
     """Slots of table shards are saved and restored row by row, so they must be shaped and
     typed like their shard (Adafactor's factored slots are not), or hold one value per row
-    (a row-wise optimizer's ``[rows, 1]``)."""
+    (a row-wise optimizer's ``[rows, 1]``, float32 also for a 16-bit table)."""
     for block in blocks:
         for shard in block.plan.shards_on(block.rank):
             var, _ = block.backend.shard_variable(shard)
             for name, s in state.slots(var).items():
                 shape = (var.shape[0], 1) if is_row_state(s) else var.shape
-                if s.shape != shape or s.dtype != var.dtype:
+                if s.shape != shape or not (s.dtype == var.dtype or is_row_state(s)):
                     raise NotImplementedError(
                         f"Checkpoints cannot hold the slot '{name}' of {state.label} for the "
                         f"sharded table '{shard.table}': it is not shaped like the table "

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from merlin_models_de.persistence.io import (
+    BFLOAT16,
     StorageError,
     beside,
+    disk_dtype,
+    from_disk,
     fsync_directories,
     fsync_directory,
     load_array,
@@ -42,6 +45,7 @@ from merlin_models_de.persistence.io import (
     read_json,
     remove_path,
     replace_whole,
+    to_disk,
     write_array,
     write_json,
 )
@@ -76,7 +80,8 @@ def export_table(block, table: str, directory: str) -> str:
     block.ensure_built()
     shards = block.plan.stored_shards_of(table)
     spec = block.plan.table(table)
-    dtype = np.dtype(block.backend.dtype.as_numpy_dtype)
+    stored = block.backend.storage_dtype(table)  # a 16-bit table is exported in 16 bits
+    dtype_label = BFLOAT16 if stored.name == BFLOAT16 else np.dtype(stored.as_numpy_dtype).name
     what = f"exporting table '{table}' to {directory}"
     rank0 = block.rank == 0
 
@@ -93,7 +98,7 @@ def export_table(block, table: str, directory: str) -> str:
             if shard.rank == block.rank:
                 var, first = block.backend.shard_variable(shard)
                 written.append(os.path.join(tmp, _part_name(index)))
-                write_array(written[-1], var[first : first + shard.rows].numpy())
+                write_array(written[-1], to_disk(var[first : first + shard.rows].numpy()))
         fsync_directories(tmp, written)
 
     def publish(tmp, aside):
@@ -105,7 +110,7 @@ def export_table(block, table: str, directory: str) -> str:
                 "table": table,
                 "rows": spec.rows,
                 "dim": spec.dim,
-                "dtype": dtype.name,
+                "dtype": dtype_label,
                 "parts": [
                     {
                         "file": _part_name(i),
@@ -196,7 +201,7 @@ def _read_manifest(directory: str, fd: int) -> dict:
         raise fail(f"format {manifest['format']!r}, expected {FORMAT!r}")
     rows, dim = field(manifest, "rows", int, "", 0), field(manifest, "dim", int, "", 0)
     try:
-        dtype = np.dtype(field(manifest, "dtype", str, ""))
+        dtype = disk_dtype(field(manifest, "dtype", str, ""))
     except TypeError as exc:
         raise fail(f"dtype is not a dtype. Received: dtype={manifest['dtype']!r}") from exc
     if dtype.kind not in "biuf":
@@ -240,7 +245,7 @@ def _open_export(directory: str):
     fd = open_directory(directory, "table export")
     try:
         manifest = _read_manifest(directory, fd)
-        dtype = np.dtype(manifest["dtype"])
+        dtype = disk_dtype(manifest["dtype"])
         parts = []
         for part in manifest["parts"]:
             path = os.path.join(directory, part["file"])
@@ -278,26 +283,26 @@ def iter_table(directory: str, batch_rows: int = 65536):
     rows, dim = manifest["rows"], manifest["dim"]
     for start in range(0, rows, batch_rows):
         stop = min(start + batch_rows, rows)
-        batch = np.zeros((stop - start, dim), manifest["dtype"])
+        batch = np.zeros((stop - start, dim), disk_dtype(manifest["dtype"]))
         for part, array in parts:
             lo, hi = max(start, part["row_start"]), min(stop, part["row_start"] + part["rows"])
             if lo < hi:
                 batch[
                     lo - start : hi - start, part["col_start"] : part["col_start"] + part["cols"]
                 ] = array[lo - part["row_start"] : hi - part["row_start"]]
-        yield start, batch
+        yield start, from_disk(batch, manifest["dtype"])
 
 
 def read_table(directory: str) -> np.ndarray:
     """The whole exported table as one array (for tables that fit in memory)."""
     manifest, parts = _open_export(directory)
-    table = np.zeros((manifest["rows"], manifest["dim"]), manifest["dtype"])
+    table = np.zeros((manifest["rows"], manifest["dim"]), disk_dtype(manifest["dtype"]))
     for part, array in parts:
         table[
             part["row_start"] : part["row_start"] + part["rows"],
             part["col_start"] : part["col_start"] + part["cols"],
         ] = array
-    return table
+    return from_disk(table, manifest["dtype"])
 
 
 __all__ = ["export_table", "iter_table", "read_manifest", "read_table"]

@@ -14,7 +14,9 @@ Keras' element-wise Adagrad with the same hyper-parameters (slot ``accumulator``
 of their own through ``mm.MultiOptimizer``.
 
 Tables are the shard variables a ``DistributedEmbeddings`` block marks
-(``variables.table_mark``). A column-sliced table's mean is over the whole row: its holders
+(``variables.table_mark``). A table stored in 16 bits (the block's ``table_dtype``) is updated
+in float32: its gradient rows are summed in float32, the accumulator is float32, and the new
+row is stochastically rounded into the table (:mod:`merlin_models_de.rounding`). A column-sliced table's mean is over the whole row: its holders
 add their slices' partial sums in one collective per block and step (:mod:`.columns`).
 
 Example:
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.rounding import is_narrow, stochastic_round, uniform_noise, widened
 from merlin_models_de.rowwise.columns import ColumnSums, column_sums
 from merlin_models_de.variables import mark_row_state, table_mark
 
@@ -35,6 +39,7 @@ ELEMENT_SLOT = "accumulator"
 COLUMN_SUMS = "mmde_rowwise_column_sums"
 
 
+@tf.keras.utils.register_keras_serializable(package="merlin_models_de")
 class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
     """Adagrad with one accumulator per table row (see the module docstring for the update).
 
@@ -82,7 +87,17 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                     f"backend merged several shards into {var.name!r}. Use "
                     f"backend='horovod'. Received: variable shape={var.shape}"
                 )
-            mark_row_state(self.add_slot(var, ROW_SLOT, init, shape=[var.shape[0], 1]))
+            mark_row_state(self.add_slot(var, ROW_SLOT, init))
+
+    def add_slot(self, var, slot_name, initializer="zeros", shape=None):
+        """Keras' ``add_slot``; a row slot is ``[rows, 1]`` float32 whoever asks for it (Keras'
+        SavedModel loader recreates slots by name, with the variable's shape and dtype)."""
+        if slot_name != ROW_SLOT:
+            return super().add_slot(var, slot_name, initializer, shape=shape)
+        dtype = tf.float32 if is_narrow(var.dtype) else var.dtype  # 16-bit: float32 state
+        return keras_compat.add_slot_as(
+            super().add_slot, var, slot_name, initializer, [var.shape[0], 1], dtype
+        )
 
     def _prepare_local(self, var_device, var_dtype, apply_state):
         super()._prepare_local(var_device, var_dtype, apply_state)
@@ -92,7 +107,8 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         )
 
     def _coefficients(self, var, apply_state):
-        key = (var.device, var.dtype.base_dtype)
+        dtype = var.dtype.base_dtype
+        key = (var.device, tf.float32 if is_narrow(dtype) else dtype)  # 16-bit: in float32
         return (apply_state or {}).get(key) or self._fallback_apply_state(*key)
 
     def _distributed_apply(self, distribution, grads_and_vars, apply_state, name):
@@ -122,14 +138,15 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
             )
         if mark.column_sliced:
             return self._rows_update(var, *self._column_sums(apply_state).of(var), c)
+        grad = widened(grad)
         acc = self.get_slot(var, ROW_SLOT)
         mean = tf.reduce_sum(tf.square(grad), axis=1, keepdims=True) / mark.dim
         new = acc.assign_add(mean, use_locking=self._use_locking, read_value=True)
-        return var.assign_add(
-            grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"])),
-            use_locking=self._use_locking,
-            read_value=False,
-        )
+        step = grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"]))
+        if is_narrow(var.dtype):
+            rows = tf.range(tf.shape(var, out_type=tf.int64)[0])
+            return var.assign(self._rounded(var, rows, tf.cast(var, tf.float32) + step))
+        return var.assign_add(step, use_locking=self._use_locking, read_value=False)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         mark = table_mark(handle)
@@ -140,6 +157,8 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 *self._column_sums(apply_state).of(handle),
                 self._coefficients(handle, apply_state),
             )
+        if mark is not None:  # a 16-bit table's duplicates are summed in float32
+            grad = widened(grad)
         return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
@@ -168,7 +187,26 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         with tf.control_dependencies([added]):
             acc_rows = tf.gather(acc, ids)
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
-        return tf.raw_ops.ResourceScatterAdd(resource=var.handle, indices=ids, updates=step)
+        if not is_narrow(var.dtype):
+            return tf.raw_ops.ResourceScatterAdd(resource=var.handle, indices=ids, updates=step)
+        new = tf.cast(tf.gather(var, ids), tf.float32) + step
+        return tf.raw_ops.ResourceScatterUpdate(
+            resource=var.handle, indices=ids, updates=self._rounded(var, ids, new)
+        )
+
+    def _rounded(self, var, ids, rows):
+        """float32 ``rows`` (the rows ``ids`` of ``var``) stochastically rounded to ``var``'s
+        16-bit dtype, with noise drawn from the rows' places in the table and the step."""
+        mark = table_mark(var)
+        noise = uniform_noise(
+            tf.cast(ids, tf.int64) + mark.first_row,
+            mark.first_col,
+            mark.cols,
+            mark.dim,
+            self.iterations,
+            mark.table,
+        )
+        return stochastic_round(rows, var.dtype, noise)
 
     def get_config(self):
         config = super().get_config()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.rounding import widened
 from merlin_models_de.variables import column_sync, table_mark
 
 
@@ -90,12 +91,13 @@ def _block_sums(name, tables, owner, grads_and_vars, grads) -> dict:
 
 
 def unique_rows(grad, var):
-    """``(unique int64 row ids, summed gradient rows)`` of a sparse or dense gradient."""
+    """``(unique int64 row ids, summed gradient rows)`` of a sparse or dense gradient (rows
+    of a 16-bit table summed in float32)."""
     if isinstance(grad, tf.IndexedSlices):
         ids, index = tf.unique(tf.cast(grad.indices, tf.int64))
-        rows = tf.math.unsorted_segment_sum(grad.values, index, tf.size(ids))
+        rows = tf.math.unsorted_segment_sum(widened(grad.values), index, tf.size(ids))
         return ids, rows
-    return tf.range(tf.shape(var, out_type=tf.int64)[0]), tf.convert_to_tensor(grad)
+    return tf.range(tf.shape(var, out_type=tf.int64)[0]), widened(tf.convert_to_tensor(grad))
 
 
 def _concat(parts, dtype):

@@ -30,7 +30,12 @@ from merlin_models_de.backends.horovod.schedule import StepSchedule
 from merlin_models_de.backends.horovod.table_lookup import lookup_ids
 from merlin_models_de.backends.horovod.wire import from_wire, to_wire
 from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
-from merlin_models_de.backends.shard_init import fill_by_rows, for_shard, row_blocks
+from merlin_models_de.backends.shard_init import (
+    drawn_wide,
+    fill_by_rows,
+    for_shard,
+    row_blocks,
+)
 from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_column_sync
@@ -80,11 +85,13 @@ class HorovodBackend(EmbeddingBackend):
         def add_shard(name, shard, shape):
             initializer = drawn_like_table(shard, shape)
             # on several ranks, a large shard is drawn a block of rows at a time, in place
-            blocks = row_blocks(initializer, shape, self.dtype) if base_seed is not None else None
+            dtype = self.table_dtype
+            blocks = row_blocks(initializer, shape, dtype) if base_seed is not None else None
             var = layer.add_weight(
                 name=name,
                 shape=shape,
-                initializer="zeros" if blocks else initializer,
+                dtype=dtype,
+                initializer="zeros" if blocks else drawn_wide(initializer),
                 trainable=trains(shard.table),
             )
             if blocks:
@@ -309,15 +316,21 @@ class HorovodBackend(EmbeddingBackend):
             name = op_name(f"lookup_{feature.name}_in_table_{l.shard.table}")
             if l.sequence:
                 per_rank = tf.reduce_sum(tf.reshape(lengths, [n, -1]), axis=1)
-                out.append((named_gather(var, ids, name), tf.cast(per_rank, tf.int32)))
+                rows = named_gather(var, ids, name, self.dtype)
+                out.append((rows, tf.cast(per_rank, tf.int32)))
             elif l.multi_hot:
                 out.append(
                     pooled_lookup(
-                        var, ids, row_lengths=lengths, combiner=feature.combiner, name=name
+                        var,
+                        ids,
+                        row_lengths=lengths,
+                        combiner=feature.combiner,
+                        name=name,
+                        dtype=self.dtype,
                     )
                 )
             else:
-                out.append(named_gather(var, ids, name))
+                out.append(named_gather(var, ids, name, self.dtype))
         return out
 
     def _pooled_shards(self) -> list:
@@ -426,6 +439,7 @@ class HorovodBackend(EmbeddingBackend):
             self.collective_name(f"rw_{feature.name}"),
             lengths=lengths,
             combiner=feature.combiner,
+            dtype=self.dtype,
         )
 
     # ---- one table, arbitrary ids -------------------------------------------------------------

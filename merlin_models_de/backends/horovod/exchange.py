@@ -34,7 +34,9 @@ def back_to_askers(answers, counts, name: str):
     return received
 
 
-def row_sliced_lookup(var, shard, ids, name: str, counts=None, lengths=None, combiner=None):
+def row_sliced_lookup(
+    var, shard, ids, name: str, counts=None, lengths=None, combiner=None, dtype=None
+):
     """This rank's rows of a row-sliced table: ``[samples, dim]`` (pooled) or one row per id.
 
     Args:
@@ -46,6 +48,7 @@ def row_sliced_lookup(var, shard, ids, name: str, counts=None, lengths=None, com
             None: every rank has as many samples as this one.
         lengths: Row lengths of multi-hot ids (every rank as many samples as this one).
         combiner: How multi-hot ids of a sample pool; None with ``lengths``: one row per id.
+        dtype: The dtype rows are read into (None: ``var``'s).
     """
     n = comm.size()
     all_ids = to_every_rank(ids, f"{name}_ids")
@@ -57,6 +60,7 @@ def row_sliced_lookup(var, shard, ids, name: str, counts=None, lengths=None, com
         combiner=combiner,
         row_lengths=None if sequence else all_lengths,
         row_range=(shard.row_start, shard.rows),
+        dtype=dtype,
     )
     if sequence:  # one row per id: each rank gets back as many rows as it sent ids
         counts = tf.cast(tf.reduce_sum(tf.reshape(all_lengths, [n, -1]), axis=1), tf.int32)

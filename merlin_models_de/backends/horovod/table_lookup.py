@@ -102,7 +102,7 @@ def _row_sliced(backend, shards, ids, counts, name):
     """Every rank looks every rank's ids up in its rows; each rank sums its partial rows."""
     shard = next(s for s in shards if s.rank == backend.rank)
     var, _ = backend.shard_variable(shard)  # a row slice is its own variable
-    return row_sliced_lookup(var, shard, ids, name, counts=counts)
+    return row_sliced_lookup(var, shard, ids, name, counts=counts, dtype=backend.dtype)
 
 
 def _sliced(backend, shards, ids, counts, name):
@@ -116,7 +116,9 @@ def _sliced(backend, shards, ids, counts, name):
     mine = owners.get(rank)
     if mine is not None:
         var, first = backend.shard_variable(mine)
-        rows = named_gather(var, asked + first, op_name(f"lookup_table_{mine.table}"))
+        rows = named_gather(
+            var, asked + first, op_name(f"lookup_table_{mine.table}"), backend.dtype
+        )
         flat = tf.reshape(rows, [-1])
         back_splits = counts * mine.cols
     else:

@@ -1,0 +1,85 @@
+"""16-bit table storage: the dtypes a table may be stored in, and stochastic rounding.
+
+A table stored in 16 bits (``DistributedEmbeddings(..., table_dtype="bfloat16")``) is read
+into the block's dtype and updated in float32: the optimizer computes the new row in float32
+and :func:`stochastic_round` stores it. Rounding to nearest would lose every update smaller
+than half a 16-bit step (bfloat16 keeps 8 significant bits: an update below ~0.2% of the
+weight vanishes, so training stalls); stochastic rounding goes up with probability
+``(x - low) / (high - low)``, so the stored row equals the float32 row in expectation.
+
+The random draw is a hash of the element's place in the whole table (row, column), the
+optimizer step and the table's name, not a random generator's state: a row rounds the same
+whichever rank holds it, so N ranks still train as one process does.
+
+Example:
+    >>> stochastic_round(tf.constant([1.0001]), tf.bfloat16, tf.constant([0.5]))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import tensorflow as tf
+
+_MASK32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # a 32-bit integer hash's multiplier; products stay below 2**59 in int64
+
+
+def is_narrow(dtype) -> bool:
+    """True for a 16-bit float: a table stored in it needs :func:`stochastic_round`."""
+    return tf.as_dtype(dtype).size == 2
+
+
+def widened(x):
+    """``x`` in float32 when it is a 16-bit float (gradients of 16-bit tables are summed and
+    applied in float32), else unchanged."""
+    if isinstance(x, tf.IndexedSlices):
+        return tf.IndexedSlices(widened(x.values), x.indices, x.dense_shape)
+    return tf.cast(x, tf.float32) if x.dtype.size == 2 else x
+
+
+def _hash32(x):
+    """A 32-bit integer hash of int64 ``x`` (values in [0, 2**32))."""
+    x = tf.bitwise.bitwise_and(tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 32)), _MASK32)
+    for _ in range(2):
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+        x = tf.bitwise.bitwise_and(x * _MIX, _MASK32)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+
+
+def uniform_noise(rows, first_col: int, cols: int, dim: int, step, table: str):
+    """Per element of the rows ``rows`` (global row ids, int64 ``[n]``) and columns
+    ``first_col .. first_col + cols`` of a ``dim``-wide table, a number in [0, 1) that
+    depends only on the element, ``step`` and ``table``."""
+    salt = zlib.crc32(table.encode()) * 0x9E3779B1 & _MASK32
+    cells = tf.cast(rows, tf.int64)[:, None] * dim + (first_col + tf.range(cols, dtype=tf.int64))
+    step_key = _hash32(tf.cast(step, tf.int64) * 0x85EBCA77 + salt)  # below 2**32
+    bits = _hash32(_hash32(tf.bitwise.bitwise_xor(cells, salt)) + step_key)
+    return tf.cast(bits, tf.float32) * (1.0 / 2**32)
+
+
+def _next_away(narrow, toward_positive):
+    """The 16-bit neighbour of ``narrow`` toward +inf (``toward_positive``) or -inf: 16-bit
+    floats are sign and magnitude, so a step is +-1 on the bits (a zero steps to the smallest
+    number of the asked sign)."""
+    bits = tf.cast(tf.bitcast(narrow, tf.uint16), tf.int32)
+    zero = tf.bitwise.bitwise_and(bits, 0x7FFF) == 0
+    negative = bits >= 0x8000
+    up = tf.where(zero, 0x0001, tf.where(negative, bits - 1, bits + 1))
+    down = tf.where(zero, 0x8001, tf.where(negative, bits + 1, bits - 1))
+    out = tf.where(toward_positive, up, down)
+    return tf.bitcast(tf.cast(out, tf.uint16), narrow.dtype)
+
+
+def stochastic_round(x, dtype, noise):
+    """float32 ``x`` in the 16-bit ``dtype``: one of its two neighbours, the upper one with
+    probability ``(x - low) / (high - low)`` where ``noise`` (uniform in [0, 1), shaped like
+    ``x``) is below it; values a 16-bit float holds exactly stay as they are."""
+    nearest = tf.cast(x, dtype)
+    wide = tf.cast(nearest, tf.float32)
+    error = x - wide  # the neighbour on the other side of x is one step away from nearest
+    other = _next_away(nearest, error > 0)
+    step = tf.abs(tf.cast(other, tf.float32) - wide)
+    take_other = noise < tf.math.divide_no_nan(tf.abs(error), step)
+    finite = tf.math.is_finite(wide) & tf.math.is_finite(tf.cast(other, tf.float32))
+    return tf.where(take_other & finite & (error != 0), other, nearest)
