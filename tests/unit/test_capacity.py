@@ -67,6 +67,33 @@ def test_configurations_and_their_errors():
     ]
     with pytest.raises(ValueError, match=r"Received: --configs='single,sharded-x'"):
         capacity.configurations("single,sharded-x", 2)
+    (compact,) = capacity.configurations("sharded:rowwise_adagrad:bfloat16", 2, "adagrad")
+    assert (compact["ranks"], compact["optimizer"], compact["table_dtype"]) == (
+        2,
+        "rowwise_adagrad",
+        "bfloat16",
+    )
+    assert capacity.configurations("single", 2, "sgd")[0]["optimizer"] == "sgd"
+    with pytest.raises(ValueError, match=r"'int8' is neither an optimizer"):
+        capacity.configurations("sharded:int8", 2)
+
+
+def test_16_bit_tables_halve_the_table_and_keep_float32_state():
+    # row-wise Adagrad: 1000 elements in 250 rows: 2 bytes each, a float32 per row
+    assert rank_peak_bytes(1000, "rowwise_adagrad", runtime=0, rows=250, table_bytes=2) == (
+        1000 * 2 + 250 * 4
+    )
+    # initialization draws in float32: a table drawn whole adds two float32 copies
+    assert rank_peak_bytes(1000, "sgd", runtime=0, drawn_whole=600, table_bytes=2) == (
+        1000 * 2 + 2 * 600 * 4
+    )
+    # replicated tables keep the block's dtype
+    p = plan(tables(100, 10), 2, strategy="memory_balanced", data_parallel_threshold=10 * 16)
+    narrow = plan_peak_bytes(p, "sgd", runtime=0, table_bytes=2)
+    assert narrow == [
+        sum(s.elements * (4 if s.kind.value == "data_parallel" else 2) for s in p.shards_on(r))
+        for r in range(2)
+    ]
 
 
 def test_a_bad_budget_exits_2_naming_its_option(tmp_path, capsys):

@@ -9,6 +9,10 @@ Configurations (the DLRM command, Adagrad, dim 16, batch 512 a rank):
 - ``sharded-<M>``: M ranks, sharded, oversubscribed on this host's cores (slow, not measured
   for speed: only its memory counts here).
 
+A configuration may name its own optimizer and the block's table dtype after colons, e.g.
+``sharded:rowwise_adagrad:bfloat16`` (row-wise Adagrad, tables stored in 16 bits); the others
+train with ``--optimizer`` and float32 tables.
+
 All ranks of a run share this host, so the budget bounds the sum of their resident memory (a
 watchdog polls it and stops a run that crosses it: "over budget"); on a cluster each rank has
 its own device, and the per-rank peak is what a device must hold. For each configuration the
@@ -37,12 +41,14 @@ from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.optimizers import OPTIMIZERS
 from merlin_models_de.apps.common.options import parse_bytes
 from merlin_models_de.persistence.io import read_json
+from merlin_models_de.tables import TABLE_DTYPES
 
 MODULE = "merlin_models_de.apps.dlrm"  # the DLRM command, run as a process
 
 
-def configurations(names: str, np_: int) -> list[dict]:
-    """``[{name, ranks, embeddings}]`` for the comma list ``names``."""
+def configurations(names: str, np_: int, optimizer: str = "adagrad") -> list[dict]:
+    """``[{name, ranks, embeddings, optimizer, table_dtype}]`` for the comma list ``names``
+    (each ``placement[:optimizer][:table dtype]``; ``optimizer`` where none is named)."""
     known = {
         "single": (1, "merlin"),
         "data-parallel": (np_, "merlin"),
@@ -50,18 +56,29 @@ def configurations(names: str, np_: int) -> list[dict]:
     }
     out = []
     for name in filter(None, names.split(",")):
-        if name.startswith("sharded-") and name[len("sharded-") :].isdigit():
-            out.append(
-                {"name": name, "ranks": int(name[len("sharded-") :]), "embeddings": "distributed"}
-            )
-        elif name in known:
-            ranks, emb = known[name]
-            out.append({"name": name, "ranks": ranks, "embeddings": emb})
+        placement, *extras = name.split(":")
+        config = {"name": name, "optimizer": optimizer, "table_dtype": None}
+        if placement.startswith("sharded-") and placement[len("sharded-") :].isdigit():
+            config.update(ranks=int(placement[len("sharded-") :]), embeddings="distributed")
+        elif placement in known:
+            config.update(zip(("ranks", "embeddings"), known[placement]))
         else:
             raise ValueError(
                 f"Unknown configuration; expected single, data-parallel, sharded "
                 f"or sharded-<ranks>. Received: --configs={names!r}"
             )
+        for extra in extras:
+            if extra in OPTIMIZERS:
+                config["optimizer"] = extra
+            elif extra in TABLE_DTYPES:
+                config["table_dtype"] = extra
+            else:
+                raise ValueError(
+                    f"Configuration {name!r}: {extra!r} is neither an optimizer "
+                    f"({', '.join(OPTIMIZERS)}) nor a table dtype ({', '.join(TABLE_DTYPES)}). "
+                    f"Received: --configs={names!r}"
+                )
+        out.append(config)
     return out
 
 
@@ -76,9 +93,12 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     tables = tables_from_schema(
         capped_schema(synthetic_schema("criteo"), None, scale), dim=args.dim
     )
+    optimizer = config.get("optimizer", args.optimizer)
     if config["embeddings"] == "merlin":
-        return [replicated_peak_bytes(tables, args.optimizer, config["ranks"])] * config["ranks"]
-    return plan_peak_bytes(plan(tables, config["ranks"], strategy=args.strategy), args.optimizer)
+        return [replicated_peak_bytes(tables, optimizer, config["ranks"])] * config["ranks"]
+    table_bytes = 2 if config.get("table_dtype") in ("bfloat16", "float16") else None
+    placement = plan(tables, config["ranks"], strategy=args.strategy)
+    return plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
 
 
 def _tree(pid: int) -> list:
@@ -125,7 +145,7 @@ def run_once(config: dict, scale: float, args, report: str) -> dict:
         "--dim",
         str(args.dim),
         "--optimizer",
-        args.optimizer,
+        config.get("optimizer", args.optimizer),
         "--batch-size",
         str(args.batch_size),
         "--embeddings",
@@ -136,6 +156,8 @@ def run_once(config: dict, scale: float, args, report: str) -> dict:
     ]
     if config["embeddings"] == "distributed":
         cmd += ["--strategy", args.strategy]
+    if config.get("table_dtype"):
+        cmd += ["--table-dtype", config["table_dtype"]]
     if config["ranks"] > 1:
         cmd = horovodrun(config["ranks"], cmd)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
@@ -226,6 +248,8 @@ def summary_rows(config: dict, tried: list[dict]) -> dict:
         "config": config["name"],
         "ranks": config["ranks"],
         "embeddings": config["embeddings"],
+        "optimizer": config.get("optimizer"),
+        "table_dtype": config.get("table_dtype"),
         "largest_scale": best and best["scale"],
         "first_failed_scale": failed_above,
         "runs": tried,
@@ -282,6 +306,7 @@ def _predicted_again(args) -> list[dict]:
     rows = []
     for row in saved["rows"]:
         config = {k: row[k] for k in ("ranks", "embeddings")} | {"name": row["config"]}
+        config |= {k: row[k] for k in ("optimizer", "table_dtype") if k in row}
         for run in row["runs"]:
             run["predicted"] = predicted_peaks(config, run["scale"], args)
         rows.append(summary_rows(config, row["runs"]))
@@ -322,7 +347,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.budget_bytes = parse_bytes(args.budget, "--budget")
-        configs = configurations(args.configs, args.np)
+        configs = configurations(args.configs, args.np, args.optimizer)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

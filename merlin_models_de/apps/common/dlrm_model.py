@@ -66,6 +66,7 @@ def model_for(args, schema):
             dim=args.dim,
             **placement_options(args),
             exchange_dtype=args.exchange_dtype,
+            table_dtype=args.table_dtype,
             exchange_ahead=args.exchange_ahead,
             merge_backward=args.merge_backward,
         )

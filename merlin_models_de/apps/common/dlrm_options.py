@@ -26,6 +26,7 @@ from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.schemas import synthetic_dataset_names
+from merlin_models_de.tables import TABLE_DTYPES
 
 PROG = "python -m merlin_models_de.apps.dlrm"
 
@@ -129,6 +130,13 @@ def parser(prog: str = PROG, description: str | None = None) -> argparse.Argumen
         help="rows and their gradients cross ranks in this dtype (half the "
         "bytes; horovod backend)",
     )
+    place.add_argument(
+        "--table-dtype",
+        default=None,
+        choices=TABLE_DTYPES,
+        help="the sharded tables' storage (16 bits: half the memory; needs --optimizer "
+        "rowwise_adagrad; horovod backend)",
+    )
     out = ap.add_argument_group("output")
     add_run_options(out, checkpoint_help="save each epoch; resume from it")
     out.add_argument("--export", default=None, help="SavedModel path (single-process model)")
@@ -191,6 +199,19 @@ def check_options(args) -> str | None:
                 f"--rows must hold at least one global batch (batch size {args.batch_size} "
                 f"x {size} ranks). Received: --rows={args.rows}"
             )
+    narrow = args.table_dtype not in (None, "float32")
+    if narrow and (args.optimizer != "rowwise_adagrad" or args.embeddings != "distributed"):
+        return (
+            f"--table-dtype {args.table_dtype} stores the block's tables in 16 bits, which "
+            "only --optimizer rowwise_adagrad updates (with --embeddings distributed). "
+            f"Received: --table-dtype={args.table_dtype} --optimizer={args.optimizer} "
+            f"--embeddings={args.embeddings}"
+        )
+    if narrow and args.backend == "distributed-embeddings":
+        return (
+            "--table-dtype needs --backend horovod or auto. Received: "
+            f"--table-dtype={args.table_dtype} --backend=distributed-embeddings"
+        )
     if args.exchange_dtype and args.backend == "distributed-embeddings":
         return (
             "--exchange-dtype needs --backend horovod or auto. Received: "
