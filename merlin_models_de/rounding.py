@@ -1,4 +1,4 @@
-"""16-bit table storage: the dtypes a table may be stored in, and stochastic rounding.
+"""16-bit table storage: stochastic rounding of new rows into a 16-bit table.
 
 A table stored in 16 bits (``DistributedEmbeddings(..., table_dtype="bfloat16")``) is read
 into the block's dtype and updated in float32: the optimizer computes the new row in float32
@@ -9,10 +9,13 @@ weight vanishes, so training stalls); stochastic rounding goes up with probabili
 
 The random draw is a hash of the element's place in the whole table (row, column), the
 optimizer step and the table's name, not a random generator's state: a row rounds the same
-whichever rank holds it, so N ranks still train as one process does.
+whichever rank holds it, so N ranks still train as one process does. bfloat16 is the upper
+half of float32, so its rounding is an integer add of 16 random bits and a mask; float16
+picks between the two neighbours explicitly.
 
 Example:
-    >>> stochastic_round(tf.constant([1.0001]), tf.bfloat16, tf.constant([0.5]))  # doctest: +SKIP
+    >>> bits = random_bits(row_ids, 0, 16, 16, step, "items")  # doctest: +SKIP
+    >>> stochastic_round(new_rows, tf.bfloat16, bits)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -47,15 +50,16 @@ def _hash32(x):
     return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
 
 
-def uniform_noise(rows, first_col: int, cols: int, dim: int, step, table: str):
+def random_bits(rows, first_col: int, cols: int, dim: int, step, table: str):
     """Per element of the rows ``rows`` (global row ids, int64 ``[n]``) and columns
-    ``first_col .. first_col + cols`` of a ``dim``-wide table, a number in [0, 1) that
-    depends only on the element, ``step`` and ``table``."""
-    salt = zlib.crc32(table.encode()) * 0x9E3779B1 & _MASK32
+    ``first_col .. first_col + cols`` of a ``dim``-wide table, 32 random bits (an int64 in
+    [0, 2**32)) that depend only on the element, ``step`` and ``table`` (elements below 2**40)."""
+    salt = zlib.crc32(table.encode())
+    step_key = tf.bitwise.bitwise_and(
+        _hash32(tf.cast(step, tf.int64) * 0x85EBCA77 + salt), 0x7FFFFF
+    )
     cells = tf.cast(rows, tf.int64)[:, None] * dim + (first_col + tf.range(cols, dtype=tf.int64))
-    step_key = _hash32(tf.cast(step, tf.int64) * 0x85EBCA77 + salt)  # below 2**32
-    bits = _hash32(_hash32(tf.bitwise.bitwise_xor(cells, salt)) + step_key)
-    return tf.cast(bits, tf.float32) * (1.0 / 2**32)
+    return _hash32(cells + tf.bitwise.left_shift(step_key, 40))
 
 
 def _next_away(narrow, toward_positive):
@@ -71,10 +75,16 @@ def _next_away(narrow, toward_positive):
     return tf.bitcast(tf.cast(out, tf.uint16), narrow.dtype)
 
 
-def stochastic_round(x, dtype, noise):
+def stochastic_round(x, dtype, bits):
     """float32 ``x`` in the 16-bit ``dtype``: one of its two neighbours, the upper one with
-    probability ``(x - low) / (high - low)`` where ``noise`` (uniform in [0, 1), shaped like
-    ``x``) is below it; values a 16-bit float holds exactly stay as they are."""
+    probability ``(x - low) / (high - low)``, decided by ``bits`` (from :func:`random_bits`,
+    shaped like ``x``); values a 16-bit float holds exactly stay as they are."""
+    if tf.as_dtype(dtype) == tf.bfloat16:
+        # bfloat16 is float32's upper half: add 16 random bits below it, then cut them off
+        low = tf.cast(tf.bitwise.right_shift(bits, 16), tf.int32)
+        cut = tf.bitwise.bitwise_and(tf.bitcast(x, tf.int32) + low, -65536)  # 0xFFFF0000
+        return tf.cast(tf.bitcast(cut, tf.float32), tf.bfloat16)  # exact
+    noise = tf.cast(bits, tf.float32) * (1.0 / 2**32)
     nearest = tf.cast(x, dtype)
     wide = tf.cast(nearest, tf.float32)
     error = x - wide  # the neighbour on the other side of x is one step away from nearest

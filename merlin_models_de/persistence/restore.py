@@ -26,8 +26,10 @@ import numpy as np
 
 from merlin_models_de import comm
 from merlin_models_de.persistence.io import (
+    BFLOAT16,
     StorageError,
     check_array,
+    disk_dtype,
     from_disk,
     inside,
     load_array,
@@ -36,7 +38,7 @@ from merlin_models_de.persistence.io import (
 from merlin_models_de.persistence.layout import DENSE, LATEST, MANIFEST, read_latest, shard_file
 from merlin_models_de.persistence.manifest import dense_key, read_manifest, state_key
 from merlin_models_de.persistence.retention import complete_checkpoints
-from merlin_models_de.persistence.state import model_state, numpy_dtype
+from merlin_models_de.persistence.state import dtype_name, model_state, numpy_dtype
 from merlin_models_de.runtime import agree
 
 CHUNK_BYTES = 64 * 2**20
@@ -211,9 +213,11 @@ def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
     for name, target in targets.items():
         part = parts[name]
         if numpy_dtype(target) != part.dtype:
+            saved = BFLOAT16 if part.dtype == disk_dtype(BFLOAT16) else part.dtype.name
             raise StorageError(
-                f"Checkpoint {path} holds table '{shard.table}' ({name}) as {part.dtype}, the "
-                f"model as {numpy_dtype(target)}. Received: dtype={part.dtype}"
+                f"Checkpoint {path} holds table '{shard.table}' ({name}) as {saved}, the "
+                f"model as {dtype_name(target)} (the block's table_dtype). Received: "
+                f"dtype={saved}"
             )
         for old in saved.plan.stored_shards_of(shard.table):
             if _overlap(shard, old) is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.rounding import is_narrow, stochastic_round, uniform_noise, widened
+from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round, widened
 from merlin_models_de.rowwise.columns import ColumnSums, column_sums
 from merlin_models_de.variables import mark_row_state, table_mark
 
@@ -198,7 +198,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         """float32 ``rows`` (the rows ``ids`` of ``var``) stochastically rounded to ``var``'s
         16-bit dtype, with noise drawn from the rows' places in the table and the step."""
         mark = table_mark(var)
-        noise = uniform_noise(
+        bits = random_bits(
             tf.cast(ids, tf.int64) + mark.first_row,
             mark.first_col,
             mark.cols,
@@ -206,7 +206,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
             self.iterations,
             mark.table,
         )
-        return stochastic_round(rows, var.dtype, noise)
+        return stochastic_round(rows, var.dtype, bits)
 
     def get_config(self):
         config = super().get_config()

@@ -105,8 +105,10 @@ def snapshot(model):
 
     blocks = embedding_blocks(model)
     out = {f"dense/{i}": w.numpy() for i, w in enumerate(dense_weights(model, blocks))}
-    for block in blocks:
-        out.update({f"table/{k}": v for k, v in block.get_global_weights().items()})
+    for block in blocks:  # 16-bit tables in float32 (exact): np.savez cannot hold bfloat16
+        out.update(
+            {f"table/{k}": np.asarray(v, np.float32) for k, v in block.get_global_weights().items()}
+        )
     return out
 
 

@@ -91,6 +91,33 @@ def test_fit_matches_one_process(hvd, tmp_path_factory):
     assert not np.allclose(final["table/C1"], ref["initial/table/C1"])  # it trained
 
 
+def test_fit_with_16_bit_tables_matches_one_process(hvd, tmp_path_factory):
+    """Tables stored in bfloat16: 2 ranks train like one process on the global batch. Each
+    element rounds with noise drawn from its place in the table, so only a float32 value that
+    the two runs sum in another order and that lands on the other side of its rounding
+    threshold may differ, by one 16-bit step."""
+    spec = dict(
+        SPEC, world_size=comm.size(), backend="horovod", block_options={"table_dtype": "bfloat16"}
+    )
+    ref, model, _, x_mine, y_mine = started_like_reference(spec, tmp_path_factory, seed=15)
+    (block,) = embedding_blocks(model)
+    assert {block.backend.shard_variable(s)[0].dtype for s in block.plan.shards_on(block.rank)} == {
+        tf.bfloat16
+    }
+    model.compile(optimizer=fc.optimizer("rowwise_adagrad", spec["lr"]))
+    model.fit(x_mine, y_mine, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+    final = fc.snapshot(model)
+    for key, value in final.items():
+        want = ref[f"final/{key}"]
+        if key.startswith("table/"):
+            off = np.abs(value - want) > 1e-7
+            assert off.mean() <= 1e-3, (key, off.sum())
+            np.testing.assert_allclose(value, want, rtol=2**-7, atol=1e-6, err_msg=key)
+        else:
+            np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5, err_msg=key)
+    assert not np.array_equal(final["table/C1"], ref["initial/table/C1"])  # it trained
+
+
 def _trained(tmp_path_factory, seed):
     spec = dict(SPEC, world_size=comm.size())
     data = comm.broadcast_object(fc.make_data(2 * comm.size() * PER_RANK, seed=seed))

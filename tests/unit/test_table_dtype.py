@@ -12,9 +12,10 @@ import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings, RowWiseAdagrad, export_table
 from merlin_models_de.persistence.checkpoint import latest_checkpoint, save_checkpoint
+from merlin_models_de.persistence.io import StorageError
 from merlin_models_de.persistence.restore import restore_checkpoint
 from merlin_models_de.persistence.table_export import read_table
-from merlin_models_de.rounding import stochastic_round, uniform_noise
+from merlin_models_de.rounding import random_bits, stochastic_round
 from merlin_models_de.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.tables import table_dtype_name
 from merlin_models_de.variables import TableMark, embedding_blocks, mark_table, slots_of
@@ -30,8 +31,8 @@ MANTISSA_BITS = {"bfloat16": 7, "float16": 10}
 @pytest.mark.parametrize("dtype", NARROW)
 def test_stochastic_rounding_picks_a_neighbour_without_bias(dtype):
     x = tf.constant(np.random.default_rng(0).normal(size=(500, 8)).astype(np.float32))
-    noise = uniform_noise(tf.range(500, dtype=tf.int64), 0, 8, 8, 3, "t")
-    rounded = tf.cast(stochastic_round(x, dtype, noise), tf.float32).numpy()
+    bits = random_bits(tf.range(500, dtype=tf.int64), 0, 8, 8, 3, "t")
+    rounded = tf.cast(stochastic_round(x, dtype, bits), tf.float32).numpy()
     nearest = tf.cast(tf.cast(x, dtype), tf.float32).numpy()
     # one of the two 16-bit numbers around x: a 16-bit number less than a 16-bit step away
     assert (tf.cast(tf.cast(rounded, dtype), tf.float32).numpy() == rounded).all()
@@ -39,27 +40,27 @@ def test_stochastic_rounding_picks_a_neighbour_without_bias(dtype):
     assert (np.abs(rounded - x.numpy()) < spacing).all()
     assert 0.2 < np.mean(rounded != nearest) < 0.8  # not round-to-nearest
     exact = tf.cast(tf.constant([[0.5, -2.0, 0.0, 1.0]]), dtype)
-    kept = stochastic_round(tf.cast(exact, tf.float32), dtype, tf.fill([1, 4], 0.999))
+    kept = stochastic_round(tf.cast(exact, tf.float32), dtype, tf.fill([1, 4], 2**32 - 1))
     assert kept.numpy().tolist() == exact.numpy().tolist()
     # small updates that round-to-nearest would lose add up in expectation
     rows = tf.range(20_000, dtype=tf.int64)
     value = tf.ones([20_000], dtype)
     for step in range(50):
         wider = tf.cast(value, tf.float32) + 1e-4
-        value = stochastic_round(wider, dtype, uniform_noise(rows, 0, 1, 1, step, "t")[:, 0])
+        value = stochastic_round(wider, dtype, random_bits(rows, 0, 1, 1, step, "t")[:, 0])
     assert float(tf.reduce_mean(tf.cast(value, tf.float32))) == pytest.approx(1.005, abs=2e-4)
     assert float(tf.cast(tf.cast(1.0 + 1e-4, dtype), tf.float32)) == 1.0
 
 
-def test_noise_depends_on_the_element_only():
-    """A row rounds the same whichever rank holds it: the noise of a shard's rows and
-    columns is the whole table's, at the same places."""
-    whole = uniform_noise(tf.range(10, dtype=tf.int64), 0, 8, 8, 5, "items").numpy()
-    part = uniform_noise(tf.constant([7, 2], tf.int64), 4, 4, 8, 5, "items").numpy()
+def test_random_bits_depend_on_the_element_only():
+    """A row rounds the same whichever rank holds it: the bits of a shard's rows and
+    columns are the whole table's, at the same places."""
+    whole = random_bits(tf.range(10, dtype=tf.int64), 0, 8, 8, 5, "items").numpy()
+    part = random_bits(tf.constant([7, 2], tf.int64), 4, 4, 8, 5, "items").numpy()
     np.testing.assert_array_equal(part, whole[[7, 2], 4:])
-    assert not np.array_equal(whole, uniform_noise(tf.range(10), 0, 8, 8, 6, "items").numpy())
-    assert not np.array_equal(whole, uniform_noise(tf.range(10), 0, 8, 8, 5, "users").numpy())
-    assert 0.4 < whole.mean() < 0.6
+    assert not np.array_equal(whole, random_bits(tf.range(10), 0, 8, 8, 6, "items").numpy())
+    assert not np.array_equal(whole, random_bits(tf.range(10), 0, 8, 8, 5, "users").numpy())
+    assert 0.4 < whole.mean() / 2**32 < 0.6 and whole.min() >= 0 and whole.max() < 2**32
 
 
 @pytest.mark.parametrize("dtype", NARROW)
@@ -174,6 +175,11 @@ def test_trained_16_bit_tables_persist_in_16_bits(tmp_path):
     again(dict((k, v[:2]) for k, v in x.items()))
     restore_checkpoint(again, str(tmp_path / "ckpt"))
     np.testing.assert_array_equal(again.predict(x, batch_size=64, verbose=0), before)
+    wide = model(table_dtype=None)
+    wide.compile(optimizer=RowWiseAdagrad(0.1))
+    wide(dict((k, v[:2]) for k, v in x.items()))
+    with pytest.raises(StorageError, match=r"as bfloat16, the model as float32"):
+        restore_checkpoint(wide, str(tmp_path / "ckpt"))
     (block,) = embedding_blocks(m)
     export_table(block, "item", str(tmp_path / "items"))
     exported = read_table(str(tmp_path / "items"))
