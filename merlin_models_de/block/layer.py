@@ -206,7 +206,7 @@ class DistributedEmbeddings(
             data_parallel_threshold=data_parallel_threshold,
         )
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
-        self.backend_name = resolve(backend, self.features, self.exchange_dtype)
+        self.backend_name = resolve(backend, self.features, self.exchange_dtype, strategy)
         self.validate_ids = validate_ids
         for option, value in (
             ("exchange_ahead", exchange_ahead),
