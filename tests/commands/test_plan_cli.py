@@ -120,6 +120,39 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     )
 
 
+def test_each_rank_prints_its_predicted_step_and_memory():
+    from merlin_models_de.planner.work import rank_times
+    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.tables import human_bytes, tables_from_schema
+
+    out = run(
+        "criteo", "--strategy", "work_balanced", "--optimizer", "sgd", "--link", "nvlink-nccl"
+    )
+    assert out.returncode == 0, out.stderr
+    tables = tables_from_schema(synthetic_schema("criteo"), dim=16)
+    placed = plan(tables, 2, "work_balanced", optimizer="sgd", link="nvlink-nccl")
+    lines = out.stdout.splitlines()
+    head = lines.index(
+        "predicted step per rank on nvlink-nccl, 512 samples a rank (embedding lookups, "
+        "updates and exchanges; the dense layers left out):"
+    )
+    assert lines[head + 1].split() == [
+        "rank", "lookups", "compute", "ms", "exchange", "ms", "step", "ms", "memory"
+    ]  # fmt: skip
+    times = rank_times(placed, 512, link="nvlink-nccl", optimizer="sgd")
+    for t, line in zip(times, lines[head + 2 : head + 4]):
+        memory = human_bytes(placed.rank_bytes(t.rank, "sgd"))
+        assert line.split() == [
+            str(t.rank),
+            "13",
+            f"{t.compute_ms:.2f}",
+            f"{t.comm_ms:.2f}",
+            f"{t.total_ms:.2f}",
+            *memory.split(),
+        ]
+    assert lines[head + 4].startswith("busiest rank ")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -127,6 +160,8 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
         (["criteo", "--column-slice-threshold", "-1"], "Received: column_slice_threshold=-1"),
         (["no-such-dataset"], "Received: schema='no-such-dataset'"),
         (["criteo", "--device-memory", "lots"], "Received: --device-memory='lots'"),
+        (["criteo", "--batch-size", "0"], "Received: --batch-size=0"),
+        (["criteo", "--hotness", "a=b"], "Received: --hotness='a=b'"),
     ],
 )
 def test_bad_options_exit_non_zero_with_a_clear_line(args, message):

@@ -25,6 +25,7 @@ from merlin_models_de.apps.common.options import (
 from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
+from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
 from merlin_models_de.schemas import synthetic_dataset_names
 
 PROG = "python -m merlin_models_de.apps.dlrm"
@@ -195,6 +196,11 @@ def check_options(args) -> str | None:
         return (
             "--exchange-dtype needs --backend horovod or auto. Received: "
             f"--exchange-dtype={args.exchange_dtype} --backend=distributed-embeddings"
+        )
+    if args.backend == "distributed-embeddings" and args.strategy not in NVIDIA_STRATEGIES:
+        return (
+            f"--backend distributed-embeddings places with {', '.join(NVIDIA_STRATEGIES)} "
+            f"only. Received: --strategy={args.strategy}"
         )
     try:
         validate_options(
