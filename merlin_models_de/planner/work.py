@@ -75,12 +75,13 @@ class Compute:
 
 
 CPU_NOTE = (
-    "this 2-core host, TF 2.12 CPU, one thread per rank: element_ns and update_ns from "
-    "timing tf.gather + its gradient + legacy SGD / Adagrad sparse updates of 1,024 ids x 16 "
-    "columns into tables of 100 to 10M rows (3.1-6.0 ns per id x column with SGD, 3.1-9.3 "
-    "with Adagrad, 2026-12-05); lookup_ms from the bench's step breakdown (bench/bench.json, "
-    "SGD, 2 ranks x 512, memory_optimized): rank 1 waited 4.99 ms of a 16.93 ms step for "
-    "rank 0, which serves 20 lookups more, less their element work (1.15 ms)"
+    "this 2-core host, TF 2.12 CPU, one thread per rank, 2026-12-05: element_ns and "
+    "update_ns from timing tf.gather, its gradient and legacy SGD / Adagrad sparse updates of "
+    "1,024 ids x 16 columns in tables of 100 to 10M rows (3.1-6.0 ns per id x column with "
+    "SGD, 3.1-9.3 with Adagrad); lookup_ms fitted to the bench's step breakdown (train_step "
+    "alone, Criteo, 2 ranks x 512), memory_optimized against work_balanced in 4 interleaved "
+    "pairs: 1.26-2.00 ms (mean 1.63) less with SGD, 1.52-1.99 (1.76) with Adagrad; "
+    "0.06 ms predicts 1.63 and 1.88"
 )
 GPU_NOTE = (
     "assumed, not measured: an A100 gathers and scatters random rows at about 1 TB/s of "
@@ -89,7 +90,7 @@ GPU_NOTE = (
 )
 # by link name: the device whose ranks the link joins
 COMPUTE: dict[str, Compute] = {
-    "gloo-loopback": Compute(lookup_ms=0.19, element_ns=1.0, update_ns=2.5, source=CPU_NOTE),
+    "gloo-loopback": Compute(lookup_ms=0.06, element_ns=1.0, update_ns=2.5, source=CPU_NOTE),
     "nvlink-nccl": Compute(lookup_ms=0.01, element_ns=0.008, update_ns=0.008, source=GPU_NOTE),
     "infiniband-nccl": Compute(lookup_ms=0.01, element_ns=0.008, update_ns=0.008, source=GPU_NOTE),
 }
