@@ -68,7 +68,7 @@ def test_schema_file_and_dataset_directory(tmp_path, synthetic_schema):
     for source in (str(tmp_path), str(tmp_path / "schema.pbtxt")):
         out = run(source, "--world-size", "2", "--dim", "8")
         assert out.returncode == 0, out.stderr
-        assert "world_size=2, strategy=memory_optimized" in out.stdout
+        assert "world_size=2, strategy=work_balanced" in out.stdout
 
 
 def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
@@ -88,10 +88,10 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     out = run("criteo", "--world-size", "2", "--column-slice-threshold", str(2**24))
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(
-        "Planned for strategy=memory_optimized, optimizer=adagrad, dim=16 (defaults: the DLRM "
+        "Planned for strategy=work_balanced, optimizer=adagrad, dim=16 (defaults: the DLRM "
         "command's; mm.DistributedEmbeddings places with strategy='basic' unless given one"
     )
-    assert "strategy=memory_optimized, optimizer=adagrad (+1 slot copies)" in out.stdout
+    assert "strategy=work_balanced, optimizer=adagrad (+1 slot copies)" in out.stdout
     ranks = [l for l in out.stdout.splitlines() if l.startswith("rank ") and ":" in l]
     assert [l.split(":")[0] for l in ranks] == ["rank 0", "rank 1"]
     # Criteo's 10M-row tables (x16 = 2**27 elements) are cut into 2 column slices of 8
@@ -108,7 +108,7 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     placed = make_plan(
         tables_from_schema(synthetic_schema("criteo"), dim=16),
         2,
-        strategy="memory_optimized",
+        strategy="work_balanced",
         column_slice_threshold=2**24,
     )
     peaks = ", ".join(

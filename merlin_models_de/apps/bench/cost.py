@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         help="samples per step over all ranks (divided by each world size)",
     )
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)
+    ap.add_argument("--strategy", default="work_balanced", choices=STRATEGIES)
     ap.add_argument("--column-slice-threshold", type=int, default=None)
     ap.add_argument("--row-slice-threshold", type=int, default=None)
     ap.add_argument("--data-parallel-threshold", type=int, default=None)

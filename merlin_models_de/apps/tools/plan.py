@@ -4,7 +4,7 @@ Usage:
     mmde-plan criteo --world-size 4 --column-slice-threshold 16777216 \
         --device-memory 80GB
 
-Defaults are the DLRM command's (``memory_optimized``, dim 16, Adagrad), so a plan printed
+Defaults are the DLRM command's (``work_balanced``, dim 16, Adagrad), so a plan printed
 here is what that command places; the first line says what was assumed. The block's own
 defaults differ (``basic``, the optimizer of ``compile``): pass ``--strategy`` and
 ``--optimizer`` to plan a block of your own. After the per-rank totals, one line per rank lists its
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"ranks to plan for (at most {MAX_WORLD_SIZE})",
     )
     # the DLRM command's defaults, so that its plan is what a bare run of it places
-    ap.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)
+    ap.add_argument("--strategy", default="work_balanced", choices=STRATEGIES)
     ap.add_argument("--column-slice-threshold", type=int, default=None)
     ap.add_argument("--row-slice-threshold", type=int, default=None)
     ap.add_argument("--data-parallel-threshold", type=int, default=None)
