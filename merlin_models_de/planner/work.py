@@ -171,6 +171,7 @@ class Workload:
                 world_size,
                 copies,
                 self.link,
+                out_rows=self.batch_size if f.combiner is not None else None,
             )
             for f in table.features
         )
@@ -193,13 +194,21 @@ def ids_per_sample(feature: FeatureSpec, hotness: Mapping[str, float]) -> float:
 
 
 def serve_ms(
-    ids: int, cols: int, rows: int, world_size: int, copies: int, link: str, exchange_bytes=4
+    ids: int,
+    cols: int,
+    rows: int,
+    world_size: int,
+    copies: int,
+    link: str,
+    out_rows: int | None = None,
+    exchange_bytes: int = 4,
 ) -> float:
     """Milliseconds a rank spends serving one model-parallel lookup of ``ids`` ids per rank
     (every rank's: ``world_size * ids``) from ``rows`` x ``cols``: its compute and the bytes
-    it moves for it off-rank (the ids in, the rows out and their gradients back in)."""
-    n = world_size
-    wire = (n - 1) * (ID_BYTES * ids + 2 * ids * cols * exchange_bytes)
+    it moves for it off-rank (the ids in, ``out_rows`` rows per rank out and their gradients
+    back in; default ``ids``: one-hot or un-pooled, a pooled lookup sends one per sample)."""
+    n, out_rows = world_size, ids if out_rows is None else out_rows
+    wire = (n - 1) * (ID_BYTES * ids + 2 * out_rows * cols * exchange_bytes)
     beta = get_link(link).beta_gbps
     return COMPUTE[link].lookup(n * ids, cols, rows, copies) + wire / (beta * 1e9) * 1e3
 
@@ -229,7 +238,7 @@ def rank_times(
     batch_size: int = DEFAULT_BATCH_SIZE,
     *,
     link: str = DEFAULT_LINK,
-    optimizer: str = "sgd",
+    optimizer: str = "adagrad",
     features: Sequence[FeatureSpec] | None = None,
     hotness: float | Mapping[str, float] | None = None,
     dense_params: int = 0,

@@ -112,15 +112,19 @@ def test_the_estimate_adds_compute_and_exchanges():
     # 2 ranks x 4 ids, 8 columns, 100 rows, one copy: 0.5 + (8*8 + 8*8) ns
     assert compute.lookup(8, 8, 100, 1) == pytest.approx(0.5 + 128e-6)
     tables = specs((100, 8), (100, 8), (100, 8))
-    times = rank_times(plan(tables, 2), 4, link="nvlink-nccl")
+    times = rank_times(plan(tables, 2), 4, link="nvlink-nccl", optimizer="sgd")
     assert [t.lookups for t in times] == [2, 1]
     gpu = COMPUTE["nvlink-nccl"]
     assert times[0].compute_ms == pytest.approx(2 * gpu.lookup(8, 8, 100, 1))
+    adagrad = rank_times(plan(tables, 2), 4, link="nvlink-nccl")  # the default: 2 copies
+    assert adagrad[0].compute_ms == pytest.approx(2 * gpu.lookup(8, 8, 100, 2))
     assert all(t.comm_ms > 0 for t in times)
     one = rank_times(plan(tables, 1), 4)
     assert one[0].lookups == 3 and one[0].comm_ms == 0
-    # serving a lookup costs its compute plus its off-rank bytes
+    # serving a lookup costs its compute plus its off-rank bytes; pooled: a row per sample
     assert serve_ms(4, 8, 100, 2, 1, "nvlink-nccl") > gpu.lookup(8, 8, 100, 1)
+    pooled = serve_ms(40, 8, 100, 2, 1, "nvlink-nccl", out_rows=4)
+    assert gpu.lookup(80, 8, 100, 1) < pooled < serve_ms(40, 8, 100, 2, 1, "nvlink-nccl")
 
 
 def test_multi_hot_features_count_their_hotness():
