@@ -8,8 +8,9 @@ strategies, so a difference is a bug, not a choice). One extra small exchange pe
 each rank's batch size and bad-id count, so bad input fails on every rank at once as it does
 with the horovod backend (DE itself checks neither).
 
-Supported: one-hot features (dense ids), every strategy, column / row slices, data-parallel
-tables, shared tables. Not supported (DE's dp-input path takes dense ids only, and it has no
+Supported: one-hot features (dense ids), DE's three strategies (:data:`NVIDIA_STRATEGIES`; the
+planner's ``work_balanced`` is ours only and raises ValueError), column / row slices,
+data-parallel tables, shared tables. Not supported (DE's dp-input path takes dense ids only, and it has no
 ``sqrtn``): multi-hot features; they raise NotImplementedError naming the feature.
 
 Example:
@@ -22,6 +23,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
+from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 
 _MODEL_PARALLEL = "model_parallel"  # DE merges a table's slices on a rank: no table/column split
@@ -104,6 +106,12 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
     name = "distributed-embeddings"
 
     def __init__(self, plan: ShardingPlan, features, rank: int, **options):
+        if plan.strategy not in NVIDIA_STRATEGIES:
+            raise ValueError(
+                f"backend='distributed-embeddings' places tables with one of its own "
+                f"strategies {list(NVIDIA_STRATEGIES)}; use backend='horovod' for the others. "
+                f"Received: strategy={plan.strategy!r}"
+            )
         super().__init__(plan, features, rank, **options)  # options: see the base class
         self.names = [t.name for t in plan.tables]
         self.input_table_map = [self.names.index(f.table) for f in self.features]

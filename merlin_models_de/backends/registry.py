@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 
 from merlin_models_de import comm
+from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
 
 AUTO = "auto"
 # name -> "module:class"; in the order "auto" prefers them (first one that can run the features)
@@ -66,9 +67,12 @@ def backend_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def resolve(backend: str, features=(), exchange_dtype=None, table_dtype=None) -> str:
+def resolve(
+    backend: str, features=(), exchange_dtype=None, table_dtype=None, strategy="basic"
+) -> str:
     """The backend that runs ``features``: ``auto`` picks the first one in preference order
-    that imports and supports every feature (distributed-embeddings, then horovod).
+    that imports and supports every feature and the placement ``strategy``
+    (distributed-embeddings, then horovod).
 
     Inside ``comm.single_process()`` (the copy made for export) always ``horovod``:
     distributed-embeddings reads Horovod's world size itself; plain TF serves anywhere.
@@ -82,6 +86,7 @@ def resolve(backend: str, features=(), exchange_dtype=None, table_dtype=None) ->
         if (
             is_importable(name)
             and backend_class(name).unsupported(features, exchange_dtype, table_dtype) is None
+            and (name != "distributed-embeddings" or strategy in NVIDIA_STRATEGIES)
         ):
             return name
     return "horovod"

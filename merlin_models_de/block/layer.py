@@ -219,7 +219,9 @@ class DistributedEmbeddings(
         )
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.table_dtype = table_dtype_name(table_dtype)
-        self.backend_name = resolve(backend, self.features, self.exchange_dtype, self.table_dtype)
+        self.backend_name = resolve(
+            backend, self.features, self.exchange_dtype, self.table_dtype, strategy=strategy
+        )
         self.validate_ids = validate_ids
         for option, value in (
             ("exchange_ahead", exchange_ahead),

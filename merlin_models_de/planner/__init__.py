@@ -9,7 +9,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from merlin_models_de.planner.slicing import (
     auto_column_threshold,
@@ -17,7 +17,13 @@ from merlin_models_de.planner.slicing import (
     column_slice_widths,
     row_ranges,
 )
-from merlin_models_de.planner.strategies import STRATEGIES, assign
+from merlin_models_de.planner.strategies import (
+    MEMORY_SLACK,
+    STRATEGIES,
+    assign,
+    memory_optimized,
+    work_balanced,
+)
 from merlin_models_de.planner.types import (
     MODEL_PARALLEL,
     OPTIMIZER_SLOTS,
@@ -28,6 +34,7 @@ from merlin_models_de.planner.types import (
     optimizer_slots,
     row_slots,
 )
+from merlin_models_de.planner.work import Workload
 from merlin_models_de.tables import TableSpec
 
 __all__ = [
@@ -73,7 +80,29 @@ def validate_options(
     _positive_or_none("data_parallel_threshold", data_parallel_threshold)
 
 
-def _model_parallel_shards(tables, mp, world_size, strategy, threshold) -> list[list[Shard]]:
+def _work_balanced(tables, mp, widths, sizes, world_size, room, workload) -> list[list[int]]:
+    """``work_balanced``'s dealing of the slices (``widths``, ``sizes``): each slice costs
+    what serving it costs its owner on ``workload`` (``planner.work.Workload``)."""
+    costs = [workload.slice_ms(tables[i], w, world_size) for i in mp for w in widths[i]]
+    slices = list(range(len(sizes)))
+    loads = [sum(sizes[k] for k in r) for r in memory_optimized(slices, sizes, world_size)]
+    bound = int(max(loads, default=0) * (1 + MEMORY_SLACK)) if room is None else room
+    ids = [i for i in mp for _ in widths[i]]
+    return work_balanced(ids, sizes, costs, world_size, bound)
+
+
+def _room(tables, dp, rs, world_size, max_rank_elements) -> int | None:
+    """Model-parallel elements a rank may hold under ``max_rank_elements``: less the replicated
+    tables and the largest row slices (None: no budget)."""
+    if max_rank_elements is None:
+        return None
+    room = max_rank_elements - sum(tables[i].elements for i in dp)
+    return room - sum(row_ranges(tables[i].rows, world_size)[0][1] * tables[i].dim for i in rs)
+
+
+def _model_parallel_shards(
+    tables, mp, world_size, strategy, threshold, room=None, workload=None
+) -> list[list[Shard]]:
     if threshold is None:
         threshold = auto_column_threshold([tables[i].elements for i in mp], world_size)
     widths = {
@@ -81,7 +110,10 @@ def _model_parallel_shards(tables, mp, world_size, strategy, threshold) -> list[
     }
     ids = [i for i in mp for _ in widths[i]]
     sizes = [tables[i].rows * w for i in mp for w in widths[i]]
-    dealt = assign(strategy, ids, sizes, world_size)
+    if strategy == "work_balanced":
+        dealt = _work_balanced(tables, mp, widths, sizes, world_size, room, workload)
+    else:
+        dealt = assign(strategy, ids, sizes, world_size)
     # Slices of a table are handed out in rank order, so lower ranks hold lower columns;
     # several slices of one table on one rank merge into one contiguous shard.
     next_slice = {i: 0 for i in mp}
@@ -111,6 +143,11 @@ def plan(
     column_slice_threshold: int | None = None,
     row_slice_threshold: int | None = None,
     data_parallel_threshold: int | None = None,
+    batch_size: int = 512,
+    hotness: float | Mapping[str, float] | None = None,
+    optimizer: str = "adagrad",
+    link: str = "gloo-loopback",
+    max_rank_elements: int | None = None,
 ) -> ShardingPlan:
     """Places tables on ranks. Pure: same inputs, same plan, on every rank.
 
@@ -118,13 +155,23 @@ def plan(
         tables: Table specs (see :func:`merlin_models_de.tables.tables_from_schema`).
         world_size: Number of ranks.
         strategy: ``basic`` (round robin in table order), ``memory_balanced`` (largest first,
-            snake order) or ``memory_optimized`` (largest first, to the least-loaded rank).
+            snake order), ``memory_optimized`` (largest first, to the least-loaded rank) or
+            ``work_balanced`` (the smallest busiest rank's predicted step time,
+            ``planner.work``, with no rank above ``memory_optimized``'s fullest by more
+            than ``strategies.MEMORY_SLACK``, or above ``max_rank_elements``).
         column_slice_threshold: Tables with more elements are cut into power-of-two column
             slices (at most ``min(world_size, dim)``). None: slice only when there are fewer
             model-parallel tables than ranks.
         row_slice_threshold: Tables with at least this many elements are split by rows
             across all ranks.
         data_parallel_threshold: Tables with at most this many elements are replicated.
+        batch_size, hotness, optimizer, link: The step ``work_balanced`` predicts: samples
+            per rank, mean ids per sample of multi-hot features (one number or a dict by
+            feature; default ``work.DEFAULT_MULTI_HOT``), the optimizer whose slots the
+            update writes, the link (and its device) of ``planner.cost.LINKS``. Other
+            strategies ignore them; the plan does not record them.
+        max_rank_elements: ``work_balanced``: embedding parameters a rank may hold (every
+            kind), in place of the bound relative to ``memory_optimized``.
 
     Returns:
         A frozen ShardingPlan.
@@ -136,6 +183,8 @@ def plan(
     validate_options(
         world_size, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
     )
+    workload = Workload(batch_size, hotness, optimizer, link)
+    _positive_or_none("max_rank_elements", max_rank_elements)
     tables = tuple(tables)
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
@@ -148,20 +197,21 @@ def plan(
                 f"world_size={world_size}; it cannot be row sliced. Received: "
                 f"row_slice_threshold={row_slice_threshold!r}"
             )
-    mp_shards = _model_parallel_shards(tables, mp, world_size, strategy, column_slice_threshold)
+    room = _room(tables, dp, rs, world_size, max_rank_elements)
+    mp_shards = _model_parallel_shards(
+        tables,
+        mp,
+        world_size,
+        strategy,
+        column_slice_threshold,
+        room,
+        workload,
+    )
     shards: list[Shard] = []
     for rank in range(world_size):
         shards += [
-            Shard(
-                tables[i].name,
-                rank,
-                ShardingType.DATA_PARALLEL,
-                0,
-                tables[i].rows,
-                0,
-                tables[i].dim,
-            )
-            for i in dp
+            Shard(t.name, rank, ShardingType.DATA_PARALLEL, 0, t.rows, 0, t.dim)
+            for t in (tables[i] for i in dp)
         ]
         shards += mp_shards[rank]
         for i in rs:

@@ -11,7 +11,12 @@ Example:
 
 from __future__ import annotations
 
-STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
+STRATEGIES = ("basic", "memory_balanced", "memory_optimized", "work_balanced")
+# the strategies NVIDIA distributed-embeddings places with itself (the others are ours only)
+NVIDIA_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
+# work_balanced keeps every rank within this share above memory_optimized's busiest rank
+MEMORY_SLACK = 0.05
+MAX_MOVES = 256  # improving moves work_balanced makes at most from each start
 
 
 def basic(ids: list[int], sizes: list[int], world_size: int) -> list[list[int]]:
@@ -60,8 +65,83 @@ def memory_optimized(ids: list[int], sizes: list[int], world_size: int) -> list[
     return [members for _, members in buckets]
 
 
+def _totals(owner: list[int], sizes, costs, world_size: int) -> tuple[list[float], list[int]]:
+    """Per rank, the cost and the elements of the slices ``owner`` gives it."""
+    time, load = [0.0] * world_size, [0] * world_size
+    for k, r in enumerate(owner):
+        time[r] += costs[k]
+        load[r] += sizes[k]
+    return time, load
+
+
+def _improve(owner: list[int], sizes, costs, world_size: int, bound: int) -> list[int]:
+    """Moves and swaps of one slice between the busiest rank and another while they lower
+    the busier of the two's cost, never above ``bound`` elements. Deterministic."""
+    owner = list(owner)
+    for _ in range(min(4 * len(owner) + 4, MAX_MOVES)):
+        time, load = _totals(owner, sizes, costs, world_size)
+        busiest = max(range(world_size), key=lambda r: (time[r], -r))
+        best = None  # (pair max, slice on busiest, other rank, slice moved back or -1)
+        for k in (k for k, r in enumerate(owner) if r == busiest):
+            for other in range(world_size):
+                if other == busiest:
+                    continue
+                back = [-1] + [j for j, r in enumerate(owner) if r == other]
+                for j in back:
+                    dc = costs[k] - (costs[j] if j >= 0 else 0.0)
+                    ds = sizes[k] - (sizes[j] if j >= 0 else 0)
+                    if dc <= 0 or load[other] + ds > bound or load[busiest] - ds > bound:
+                        continue
+                    pair = max(time[busiest] - dc, time[other] + dc)
+                    if pair < time[busiest] * (1 - 1e-9) and (best is None or pair < best[0]):
+                        best = (pair, k, other, j)
+        if best is None:
+            return owner
+        _, k, other, j = best
+        owner[k] = other
+        if j >= 0:
+            owner[j] = busiest
+    return owner
+
+
+def work_balanced(
+    ids: list[int], sizes: list[int], costs: list[float], world_size: int, bound: int
+) -> list[list[int]]:
+    """Slices to ranks so that the busiest rank's cost (predicted milliseconds) is small and no
+    rank holds more than ``bound`` elements (unless one slice alone is larger).
+
+    Two starts, each improved by moves and swaps between the busiest rank and another
+    (:func:`_improve`): the largest cost first, to the rank with the least cost where it
+    fits; and :func:`memory_optimized`'s placement. The start whose result has the smaller
+    busiest cost wins (then fewer elements on the fullest rank). Each rank lists its slices in
+    slice order.
+
+    Example:
+        >>> work_balanced([0, 1, 2, 3], [90, 90, 1, 1], [1.0, 1.0, 1.0, 1.0], 2, 100)
+        [[0, 2], [1, 3]]
+    """
+    n, slices = world_size, range(len(ids))
+    greedy, time, load = [0] * len(ids), [0.0] * n, [0] * n
+    for k in sorted(slices, key=lambda k: (-costs[k], -sizes[k], ids[k], k)):
+        fits = [r for r in range(n) if load[r] + sizes[k] <= bound] or range(n)
+        r = min(fits, key=lambda r: (time[r], load[r], r))
+        greedy[k], time[r], load[r] = r, time[r] + costs[k], load[r] + sizes[k]
+    by_memory = [0] * len(ids)
+    for rank, members in enumerate(memory_optimized(list(slices), list(sizes), n)):
+        for k in members:
+            by_memory[k] = rank
+
+    def score(owner):  # within the bound first, then the busiest cost, then the fullest
+        time, load = _totals(owner, sizes, costs, n)
+        return (max(load) > bound, max(time), max(load))
+
+    best = min((_improve(o, sizes, costs, n, bound) for o in (greedy, by_memory)), key=score)
+    return [[ids[k] for k in slices if best[k] == r] for r in range(n)]
+
+
 def assign(strategy: str, ids: list[int], sizes: list[int], world_size: int) -> list[list[int]]:
-    """Dispatches to the named strategy. Raises ValueError naming an unknown one."""
+    """Dispatches to the named memory strategy (``work_balanced`` needs costs: see
+    :func:`work_balanced`). Raises ValueError naming an unknown one."""
     funcs = {
         "basic": basic,
         "memory_balanced": memory_balanced,

@@ -157,6 +157,16 @@ class ShardingPlan:
         """Embedding parameters held by ``rank``."""
         return sum(s.elements for s in self.shards_on(rank))
 
+    def rank_bytes(
+        self, rank: int, optimizer: str = "sgd", dtype_bytes: int = 4, slots: int | None = None
+    ) -> int:
+        """Bytes ``rank`` holds with ``optimizer``'s state: its parameters and ``slots``
+        copies of them (default: the optimizer's), plus its row-wise values per row."""
+        slots = optimizer_slots(optimizer) if slots is None else slots
+        mine = self.shards_on(rank)
+        params = sum(s.elements for s in mine) * dtype_bytes
+        return params * (1 + slots) + sum(s.rows for s in mine) * row_slots(optimizer) * dtype_bytes
+
     def balance(self) -> float:
         """Busiest rank's elements over the mean (1.0 is perfect)."""
         per_rank = [self.rank_elements(r) for r in range(self.world_size)]
@@ -211,7 +221,7 @@ class ShardingPlan:
             params = sum(s.elements for s in mine) * dtype_bytes
             rows = sum(s.rows for s in mine)
             per_rank.append(params)
-            with_slots.append(params * (1 + slots) + rows * per_row * dtype_bytes)
+            with_slots.append(self.rank_bytes(rank, optimizer, dtype_bytes, slots))
             lines.append(
                 f"{rank:>4} {len(mine):>6} {rows:>14,} "
                 f"{human_bytes(params):>12} {human_bytes(with_slots[-1]):>12}"

@@ -101,8 +101,13 @@ def check_plain_run_output(run):
             "--exchange-dtype needs --backend horovod or auto. Received: --exchange-dtype=float16 "
             "--backend=distributed-embeddings",
         ),
-        pytest.param(
+        (
             ["--backend", "distributed-embeddings"],
+            "--backend distributed-embeddings places with basic, memory_balanced, "
+            "memory_optimized only. Received: --strategy=work_balanced",
+        ),
+        pytest.param(
+            ["--backend", "distributed-embeddings", "--strategy", "memory_optimized"],
             "needs NVIDIA distributed-embeddings",
             marks=pytest.mark.skipif(
                 importlib.util.find_spec("distributed_embeddings") is not None,
@@ -185,12 +190,8 @@ def test_single_process_run_checkpoint_and_resume(tmp_path):
     )
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     check_plain_run_output(first)
-    auto = (
-        "distributed-embeddings"
-        if importlib.util.find_spec("distributed_embeddings")
-        else "horovod"
-    )
-    assert f"backend={auto}\n" in first.stdout and "epoch 2:" in first.stdout
+    # the default strategy, work_balanced, is the horovod backend's only: auto picks it
+    assert "backend=horovod\n" in first.stdout and "epoch 2:" in first.stdout
     report = json.load(open(os.path.join(ckpt, "report.json"), encoding="utf-8"))
     assert [e["epoch"] for e in report["epochs"]] == [1, 2]
     assert report["steps_per_epoch"] == 16 and report["world_size"] == 1

@@ -68,7 +68,7 @@ def test_schema_file_and_dataset_directory(tmp_path, synthetic_schema):
     for source in (str(tmp_path), str(tmp_path / "schema.pbtxt")):
         out = run(source, "--world-size", "2", "--dim", "8")
         assert out.returncode == 0, out.stderr
-        assert "world_size=2, strategy=memory_optimized" in out.stdout
+        assert "world_size=2, strategy=work_balanced" in out.stdout
 
 
 def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
@@ -88,10 +88,10 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     out = run("criteo", "--world-size", "2", "--column-slice-threshold", str(2**24))
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(
-        "Planned for strategy=memory_optimized, optimizer=adagrad, dim=16 (defaults: the DLRM "
+        "Planned for strategy=work_balanced, optimizer=adagrad, dim=16 (defaults: the DLRM "
         "command's; mm.DistributedEmbeddings places with strategy='basic' unless given one"
     )
-    assert "strategy=memory_optimized, optimizer=adagrad (+1 slot copies)" in out.stdout
+    assert "strategy=work_balanced, optimizer=adagrad (+1 slot copies)" in out.stdout
     ranks = [l for l in out.stdout.splitlines() if l.startswith("rank ") and ":" in l]
     assert [l.split(":")[0] for l in ranks] == ["rank 0", "rank 1"]
     # Criteo's 10M-row tables (x16 = 2**27 elements) are cut into 2 column slices of 8
@@ -108,7 +108,7 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     placed = make_plan(
         tables_from_schema(synthetic_schema("criteo"), dim=16),
         2,
-        strategy="memory_optimized",
+        strategy="work_balanced",
         column_slice_threshold=2**24,
     )
     peaks = ", ".join(
@@ -120,6 +120,39 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     )
 
 
+def test_each_rank_prints_its_predicted_step_and_memory():
+    from merlin_models_de.planner.work import rank_times
+    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.tables import human_bytes, tables_from_schema
+
+    out = run(
+        "criteo", "--strategy", "work_balanced", "--optimizer", "sgd", "--link", "nvlink-nccl"
+    )
+    assert out.returncode == 0, out.stderr
+    tables = tables_from_schema(synthetic_schema("criteo"), dim=16)
+    placed = plan(tables, 2, "work_balanced", optimizer="sgd", link="nvlink-nccl")
+    lines = out.stdout.splitlines()
+    head = lines.index(
+        "predicted step per rank on nvlink-nccl, 512 samples a rank (embedding lookups, "
+        "updates and exchanges; the dense layers left out):"
+    )
+    assert lines[head + 1].split() == [
+        "rank", "lookups", "compute", "ms", "exchange", "ms", "step", "ms", "memory"
+    ]  # fmt: skip
+    times = rank_times(placed, 512, link="nvlink-nccl", optimizer="sgd")
+    for t, line in zip(times, lines[head + 2 : head + 4]):
+        memory = human_bytes(placed.rank_bytes(t.rank, "sgd"))
+        assert line.split() == [
+            str(t.rank),
+            "13",
+            f"{t.compute_ms:.2f}",
+            f"{t.comm_ms:.2f}",
+            f"{t.total_ms:.2f}",
+            *memory.split(),
+        ]
+    assert lines[head + 4].startswith("busiest rank ")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -127,6 +160,8 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
         (["criteo", "--column-slice-threshold", "-1"], "Received: column_slice_threshold=-1"),
         (["no-such-dataset"], "Received: schema='no-such-dataset'"),
         (["criteo", "--device-memory", "lots"], "Received: --device-memory='lots'"),
+        (["criteo", "--batch-size", "0"], "Received: --batch-size=0"),
+        (["criteo", "--hotness", "a=b"], "Received: --hotness='a=b'"),
     ],
 )
 def test_bad_options_exit_non_zero_with_a_clear_line(args, message):

@@ -15,6 +15,7 @@ PLACEMENTS = [
     ("basic", dict(strategy="basic"), {ShardingType.TABLE_WISE}),
     ("memory_balanced", dict(strategy="memory_balanced"), {ShardingType.TABLE_WISE}),
     ("memory_optimized", dict(strategy="memory_optimized"), {ShardingType.TABLE_WISE}),
+    ("work_balanced", dict(strategy="work_balanced"), {ShardingType.TABLE_WISE}),
     (
         "basic-column",
         dict(strategy="basic", column_slice_threshold=4000),
@@ -28,6 +29,11 @@ PLACEMENTS = [
     (
         "optimized-column",
         dict(strategy="memory_optimized", column_slice_threshold=3000),
+        {ShardingType.COLUMN_WISE},
+    ),
+    (
+        "work-column",
+        dict(strategy="work_balanced", column_slice_threshold=3000),
         {ShardingType.COLUMN_WISE},
     ),
     (

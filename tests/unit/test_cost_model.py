@@ -218,6 +218,8 @@ CRITEO_LINES = [
     "dense            allreduce bwd     118,562     118,562     118,562                0.031",
     "total            5               2,690,660   2,768,484   1,814,100                0.158",
     "5 collectives per step (3 alltoall, 2 allreduce)",
+    "per rank on nvlink-nccl (adagrad): r0 0.41 ms (25 lookups, compute 0.26), "
+    "r1 0.22 ms (6 lookups, compute 0.06)",
 ]
 
 
@@ -244,6 +246,16 @@ def test_cost_command_prints_the_collectives_of_dlrm_on_criteo(capsys):
     )
     assert code == 0
     assert capsys.readouterr().out.splitlines() == CRITEO_LINES
+
+
+def test_cost_command_places_work_balanced_for_its_step(capsys):
+    from merlin_models_de.apps.bench.cost import main
+
+    args = ["--dataset", "criteo", "--np", "2", "--links", "gloo-loopback", "--optimizer", "sgd"]
+    assert main(args + ["--strategy", "work_balanced"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("per rank on gloo-loopback (sgd): r0 ")
+    assert line.count("(13 lookups") == 2, line
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,8 @@ def test_smallest_world_size_counts_the_row_state():
 
 
 def test_the_plan_command_takes_the_optimizer(capsys):
-    assert main(["criteo", "--world-size", "2", "--optimizer", "rowwise_adagrad"]) == 0
+    argv = ["criteo", "--world-size", "2", "--optimizer", "rowwise_adagrad"]
+    assert main(argv + ["--strategy", "memory_optimized"]) == 0
     out = capsys.readouterr().out
     assert "optimizer=rowwise_adagrad (+0 slot copies, +1 value per row)" in out
     p = plan(tables_from_schema(synthetic_schema("criteo"), dim=16), 2, strategy="memory_optimized")

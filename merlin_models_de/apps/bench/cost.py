@@ -20,9 +20,10 @@ import argparse
 import sys
 
 from merlin_models_de.apps.common.console import quiet_imports
+from merlin_models_de.apps.common.hotness import parse_hotness, resolve_hotness
 from merlin_models_de.apps.common.options import ints, write_json
 from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
-from merlin_models_de.planner import STRATEGIES, plan, validate_options
+from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, plan, validate_options
 from merlin_models_de.planner.cost import (
     LINKS,
     dlrm_dense_params,
@@ -31,6 +32,7 @@ from merlin_models_de.planner.cost import (
     step_costs,
     table_lines,
 )
+from merlin_models_de.planner.work import rank_times
 from merlin_models_de.tables import feature_order
 
 DEFAULT_LINKS = ("gloo-loopback", "nvlink-nccl", "infiniband-nccl")
@@ -61,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         help="samples per step over all ranks (divided by each world size)",
     )
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)
+    ap.add_argument("--strategy", default="work_balanced", choices=STRATEGIES)
     ap.add_argument("--column-slice-threshold", type=int, default=None)
     ap.add_argument("--row-slice-threshold", type=int, default=None)
     ap.add_argument("--data-parallel-threshold", type=int, default=None)
@@ -80,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         help="mean ids per sample of multi-hot features: one number, or "
         "feature=h,... (default: the schema's value_count max, else min)",
     )
+    ap.add_argument(
+        "--optimizer",
+        default="adagrad",
+        choices=sorted(OPTIMIZER_SLOTS),
+        help="whose update the per-rank step prices (and work_balanced places for)",
+    )
     ap.add_argument("--dtype-bytes", type=int, default=4, choices=(2, 4, 8))
     ap.add_argument(
         "--exchange-dtype",
@@ -96,65 +104,24 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_hotness(text):
-    """``'3'`` -> 3.0; ``'a=2,b=5.5'`` -> ``{'a': 2.0, 'b': 5.5}``; None -> None."""
-    if text is None:
-        return None
-    try:
-        if "=" not in text:
-            return float(text)
-        pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
-        return {name.strip(): float(value) for name, value in pairs}
-    except ValueError:
-        raise ValueError(
-            f"--hotness must be a number or feature=number,... " f"Received: --hotness={text!r}"
-        ) from None
-
-
-def schema_hotness(schema, features) -> dict:
-    """``{feature: (ids per sample, where from)}`` for the multi-hot features whose schema
-    declares a ``value_count``: its max, else its min (a lower bound: say so)."""
-    out = {}
-    for f in features:
-        if f.multi_hot:
-            count = getattr(schema[f.name], "value_count", None)
-            for end in ("max", "min"):
-                value = getattr(count, end, None) if count is not None else None
-                if value:
-                    out[f.name] = (float(value), f"schema value_count.{end}")
-                    break
-    return out
-
-
-def _hotness(args, schema, features):
-    """The hotness to model and one line saying where each multi-hot feature's came from."""
-    given = parse_hotness(args.hotness)
-    multi = [f.name for f in features if f.multi_hot]
-    unknown = sorted(set(given) - set(multi)) if isinstance(given, dict) else []
-    if unknown:
-        raise ValueError(
-            f"--hotness names features that are not multi-hot features of the "
-            f"schema ({multi}). Received: {unknown}"
-        )
-    if not multi:
-        return given, None
-    found = schema_hotness(schema, features)
-    used = {}
-    for name in multi:
-        if isinstance(given, dict) and name in given:
-            used[name] = (given[name], "--hotness")
-        elif isinstance(given, float):
-            used[name] = (given, "--hotness")
-        elif name in found:
-            used[name] = found[name]
-        else:
-            raise ValueError(
-                f"Multi-hot feature '{name}' has no value_count in the schema; "
-                f"give its mean ids per sample: --hotness {name}=H. "
-                f"Received: --hotness={args.hotness!r}"
-            )
-    line = "hotness: " + ", ".join(f"{name}={h:g} ({src})" for name, (h, src) in used.items())
-    return {name: h for name, (h, _) in used.items()}, line
+def rank_line(p, batch, link, args, features, hotness, dense) -> str:
+    """Each rank's predicted step on ``link`` (``planner.work``: its lookups' compute and
+    updates with ``--optimizer``, its part of the collectives) and the lookups it serves."""
+    times = rank_times(
+        p,
+        batch,
+        link=link,
+        optimizer=args.optimizer,
+        features=features,
+        hotness=hotness,
+        dense_params=dense,
+        allreduce_rounds=args.allreduce_rounds,
+        exchange_bytes=2 if args.exchange_dtype else None,
+    )
+    return f"per rank on {link} ({args.optimizer}): " + ", ".join(
+        f"r{t.rank} {t.total_ms:.2f} ms ({t.lookups} lookups, compute {t.compute_ms:.2f})"
+        for t in times
+    )
 
 
 def _continuous(schema) -> int:
@@ -206,7 +173,7 @@ def main(argv=None) -> int:
         schema = load_schema(args.dataset)
         tables = tables_from_schema(schema, dim=args.dim)
         features = feature_order(tables)
-        hotness, hotness_line = _hotness(args, schema, features)
+        hotness, hotness_line = resolve_hotness(args.hotness, schema, features)
         dense = args.dense_params
         if dense is None:
             dense = dlrm_dense_params(
@@ -224,6 +191,10 @@ def main(argv=None) -> int:
                 column_slice_threshold=args.column_slice_threshold,
                 row_slice_threshold=args.row_slice_threshold,
                 data_parallel_threshold=args.data_parallel_threshold,
+                batch_size=batch,
+                hotness=hotness,
+                optimizer=args.optimizer,
+                link=links[0].name if links else DEFAULT_LINKS[0],
             )
             costs = step_costs(
                 p,
@@ -243,6 +214,8 @@ def main(argv=None) -> int:
             if hotness_line:
                 print(hotness_line)
             print("\n".join(table_lines(costs, links)))
+            for link in links:
+                print(rank_line(p, batch, link.name, args, features, hotness, dense))
             report.append(
                 {
                     "world_size": n,

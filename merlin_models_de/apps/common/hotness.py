@@ -1,0 +1,69 @@
+"""Mean ids per sample of multi-hot features, for the commands that predict a step (the bench's
+cost model, the plan command): from ``--hotness``, else the schema's ``value_count``."""
+
+from __future__ import annotations
+
+
+def parse_hotness(text):
+    """``'3'`` -> 3.0; ``'a=2,b=5.5'`` -> ``{'a': 2.0, 'b': 5.5}``; None -> None."""
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            return float(text)
+        pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+        return {name.strip(): float(value) for name, value in pairs}
+    except ValueError:
+        raise ValueError(
+            f"--hotness must be a number or feature=number,... " f"Received: --hotness={text!r}"
+        ) from None
+
+
+def schema_hotness(schema, features) -> dict:
+    """``{feature: (ids per sample, where from)}`` for the multi-hot features whose schema
+    declares a ``value_count``: its max, else its min (a lower bound: say so)."""
+    out = {}
+    for f in features:
+        if f.multi_hot:
+            count = getattr(schema[f.name], "value_count", None)
+            for end in ("max", "min"):
+                value = getattr(count, end, None) if count is not None else None
+                if value:
+                    out[f.name] = (float(value), f"schema value_count.{end}")
+                    break
+    return out
+
+
+def resolve_hotness(text, schema, features, default: float | None = None):
+    """The hotness to model and one line saying where each multi-hot feature's came from
+    (None when there is none): ``--hotness`` (``text``), else the schema's, else ``default``;
+    without a default a feature with neither raises ValueError naming it."""
+    given = parse_hotness(text)
+    multi = [f.name for f in features if f.multi_hot]
+    unknown = sorted(set(given) - set(multi)) if isinstance(given, dict) else []
+    if unknown:
+        raise ValueError(
+            f"--hotness names features that are not multi-hot features of the "
+            f"schema ({multi}). Received: {unknown}"
+        )
+    if not multi:
+        return given, None
+    found = schema_hotness(schema, features)
+    used = {}
+    for name in multi:
+        if isinstance(given, dict) and name in given:
+            used[name] = (given[name], "--hotness")
+        elif isinstance(given, float):
+            used[name] = (given, "--hotness")
+        elif name in found:
+            used[name] = found[name]
+        elif default is not None:
+            used[name] = (default, "assumed")
+        else:
+            raise ValueError(
+                f"Multi-hot feature '{name}' has no value_count in the schema; "
+                f"give its mean ids per sample: --hotness {name}=H. "
+                f"Received: --hotness={text!r}"
+            )
+    line = "hotness: " + ", ".join(f"{name}={h:g} ({src})" for name, (h, src) in used.items())
+    return {name: h for name, (h, _) in used.items()}, line
