@@ -433,12 +433,15 @@ class DistributedEmbeddings(
         """The placement summary, with the backend that runs it. Bytes with slots count the
         slots of ``optimizer`` (a name), else of the compiled model's optimizer, else sgd's."""
         compiled = optimizer is None and self.compiled_optimizer_name is not None
+        narrow = 2 if self.table_dtype in ("bfloat16", "float16") else None
         table = (
             self.plan.summary(
-                optimizer=self.compiled_optimizer_name, slots=self.compiled_optimizer_slots
+                optimizer=self.compiled_optimizer_name,
+                slots=self.compiled_optimizer_slots,
+                table_bytes=narrow,
             )
             if compiled
-            else self.plan.summary(optimizer=optimizer or "sgd")
+            else self.plan.summary(optimizer=optimizer or "sgd", table_bytes=narrow)
         )
         return f"backend={self.backend_name}\n{table}"
 

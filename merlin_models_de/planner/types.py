@@ -158,14 +158,21 @@ class ShardingPlan:
         return sum(s.elements for s in self.shards_on(rank))
 
     def rank_bytes(
-        self, rank: int, optimizer: str = "sgd", dtype_bytes: int = 4, slots: int | None = None
+        self,
+        rank: int,
+        optimizer: str = "sgd",
+        dtype_bytes: int = 4,
+        slots: int | None = None,
+        table_bytes: int | None = None,
     ) -> int:
-        """Bytes ``rank`` holds with ``optimizer``'s state: its parameters and ``slots``
-        copies of them (default: the optimizer's), plus its row-wise values per row."""
+        """Bytes ``rank`` holds with ``optimizer``'s state: its parameters (``table_bytes``
+        each where tables are stored narrower, else ``dtype_bytes``) and ``slots`` copies of
+        them (default: the optimizer's), plus its row-wise values per row."""
         slots = optimizer_slots(optimizer) if slots is None else slots
         mine = self.shards_on(rank)
-        params = sum(s.elements for s in mine) * dtype_bytes
-        return params * (1 + slots) + sum(s.rows for s in mine) * row_slots(optimizer) * dtype_bytes
+        elements = sum(s.elements for s in mine)
+        state = elements * slots + sum(s.rows for s in mine) * row_slots(optimizer)
+        return elements * (table_bytes or dtype_bytes) + state * dtype_bytes
 
     def balance(self) -> float:
         """Busiest rank's elements over the mean (1.0 is perfect)."""
@@ -195,7 +202,11 @@ class ShardingPlan:
         )
 
     def summary(
-        self, optimizer: str = "sgd", dtype_bytes: int = 4, slots: int | None = None
+        self,
+        optimizer: str = "sgd",
+        dtype_bytes: int = 4,
+        slots: int | None = None,
+        table_bytes: int | None = None,
     ) -> str:
         """A text table: per rank shards, rows, parameter bytes and bytes with optimizer slots.
 
@@ -205,6 +216,7 @@ class ShardingPlan:
             dtype_bytes: Bytes per parameter.
             slots: Extra copies per parameter, where known better than by the name (an
                 optimizer's momentum, amsgrad, ...).
+            table_bytes: Bytes per stored parameter of 16-bit tables (None: dtype_bytes).
         """
         slots = optimizer_slots(optimizer) if slots is None else slots
         per_row = row_slots(optimizer)
@@ -218,10 +230,10 @@ class ShardingPlan:
         per_rank, with_slots = [], []
         for rank in range(self.world_size):
             mine = self.shards_on(rank)
-            params = sum(s.elements for s in mine) * dtype_bytes
+            params = sum(s.elements for s in mine) * (table_bytes or dtype_bytes)
             rows = sum(s.rows for s in mine)
             per_rank.append(params)
-            with_slots.append(self.rank_bytes(rank, optimizer, dtype_bytes, slots))
+            with_slots.append(self.rank_bytes(rank, optimizer, dtype_bytes, slots, table_bytes))
             lines.append(
                 f"{rank:>4} {len(mine):>6} {rows:>14,} "
                 f"{human_bytes(params):>12} {human_bytes(with_slots[-1]):>12}"

@@ -133,6 +133,7 @@ def smallest_world_size(
     limit: int = MAX_WORLD_SIZE,
     dtype_bytes: int = 4,
     max_plans: int = MAX_PLANS,
+    table_bytes: int | None = None,
     **options,
 ) -> Fit:
     """Smallest world size whose busiest rank's bytes (with optimizer slots) fit ``capacity``.
@@ -147,14 +148,20 @@ def smallest_world_size(
         optimizer: A name of ``OPTIMIZER_SLOTS`` (its slots count as copies of a shard,
             ``rowwise_adagrad``'s state as one value per row).
         limit: Largest world size considered.
-        dtype_bytes: Bytes per parameter.
+        dtype_bytes: Bytes per parameter and per value of optimizer state.
         max_plans: World sizes planned at most.
+        table_bytes: Bytes per stored parameter where tables are narrower (16-bit: 2);
+            ``dtype_bytes`` must be a multiple of it. None: ``dtype_bytes``.
         **options: Placement options of :func:`merlin_models_de.planner.plan`.
 
     Returns:
         A :class:`Fit`.
     """
-    copies, per_row = 1 + OPTIMIZER_SLOTS[optimizer], row_slots(optimizer)
+    # counted in units of a stored parameter: its state takes dtype_bytes / unit of them
+    unit = table_bytes or dtype_bytes
+    state = dtype_bytes // unit
+    copies, per_row = 1 + state * OPTIMIZER_SLOTS[optimizer], state * row_slots(optimizer)
+    dtype_bytes = unit
     # the range leaves out row-wise state: its lowest world size may only be too low
     lowest, highest, reason = _search_range(tables, capacity, dtype_bytes * copies, options, limit)
     if lowest is None:

@@ -43,7 +43,7 @@ from merlin_models_de.planner.cost import LINKS
 from merlin_models_de.planner.memory import plan_peak_bytes
 from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, DEFAULT_MULTI_HOT, rank_times
 from merlin_models_de.schemas import load_schema
-from merlin_models_de.tables import human_bytes, tables_from_schema
+from merlin_models_de.tables import TABLE_DTYPES, human_bytes, tables_from_schema
 
 
 def shard_text(shard, table) -> str:
@@ -117,6 +117,13 @@ def _parser() -> argparse.ArgumentParser:
         help="bytes per parameter (4: float32)",
     )
     ap.add_argument(
+        "--table-dtype",
+        default=None,
+        choices=TABLE_DTYPES,
+        help="the block's table_dtype: 16-bit tables take 2 bytes a parameter, their "
+        "optimizer state --dtype-bytes",
+    )
+    ap.add_argument(
         "--table-scale",
         type=float,
         default=1.0,
@@ -149,9 +156,9 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def peak_line(placement, optimizer: str, dtype_bytes: int) -> str:
+def peak_line(placement, optimizer: str, dtype_bytes: int, table_bytes=None) -> str:
     """The memory model's predicted peak resident bytes of each rank (planner.memory)."""
-    peaks = plan_peak_bytes(placement, optimizer, dtype_bytes)
+    peaks = plan_peak_bytes(placement, optimizer, dtype_bytes, table_bytes=table_bytes)
     return "predicted peak resident memory per rank (runtime + tables with slots): " + ", ".join(
         f"r{r} {human_bytes(b)}" for r, b in enumerate(peaks)
     )
@@ -175,7 +182,9 @@ def step_lines(placement, args, hotness) -> list[str]:
         f"{'step ms':>8} {'memory':>10}",
     ]
     for t in times:
-        memory = placement.rank_bytes(t.rank, args.optimizer, args.dtype_bytes)
+        memory = placement.rank_bytes(
+            t.rank, args.optimizer, args.dtype_bytes, table_bytes=table_bytes(args)
+        )
         lines.append(
             f"{t.rank:>4} {t.lookups:>7} {t.compute_ms:>10.2f} {t.comm_ms:>11.2f} "
             f"{t.total_ms:>8.2f} {human_bytes(memory):>10}"
@@ -186,6 +195,11 @@ def step_lines(placement, args, hotness) -> list[str]:
         f"(memory with {args.optimizer} state)"
     )
     return lines
+
+
+def table_bytes(args) -> int | None:
+    """Bytes of a stored parameter under ``--table-dtype`` (None: ``--dtype-bytes``)."""
+    return 2 if args.table_dtype in ("bfloat16", "float16") else None
 
 
 def assumptions_line(args) -> str:
@@ -267,15 +281,21 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(assumptions_line(args))
-    print(p.summary(optimizer=args.optimizer, dtype_bytes=args.dtype_bytes))
-    print(peak_line(p, args.optimizer, args.dtype_bytes))
+    narrow = table_bytes(args)
+    print(p.summary(optimizer=args.optimizer, dtype_bytes=args.dtype_bytes, table_bytes=narrow))
+    print(peak_line(p, args.optimizer, args.dtype_bytes, narrow))
     if hotness_line:
         print(hotness_line)
     print("\n".join(step_lines(p, args, hotness)))
     print(rank_listing(p))
     if capacity is not None:
         fit = smallest_world_size(
-            tables, capacity, args.optimizer, dtype_bytes=args.dtype_bytes, **options
+            tables,
+            capacity,
+            args.optimizer,
+            dtype_bytes=args.dtype_bytes,
+            table_bytes=narrow,
+            **options,
         )
         print(_fit_line(fit, args, capacity))
     return 0
