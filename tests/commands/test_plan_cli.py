@@ -297,3 +297,31 @@ def test_no_import_noise_reaches_the_user():
     assert not [
         line for line in out.stderr.splitlines() if any(n in line for n in NOISE)
     ], out.stderr
+
+
+def test_16_bit_tables_take_2_bytes_a_parameter_and_float32_state(synthetic_schema):
+    from merlin_models_de.tables import tables_from_schema
+
+    tables = tables_from_schema(synthetic_schema("criteo"), dim=16)
+    p = plan(tables, 2, strategy="memory_optimized")
+    for r in range(2):
+        elements, rows = p.rank_elements(r), sum(s.rows for s in p.shards_on(r))
+        assert p.rank_bytes(r, "rowwise_adagrad", table_bytes=2) == elements * 2 + rows * 4
+        assert p.rank_bytes(r, "adagrad", table_bytes=2) == elements * (2 + 4)
+    busiest = max(p.rank_bytes(r, "rowwise_adagrad", table_bytes=2) for r in range(2))
+    fit = smallest_world_size(
+        tables, busiest, "rowwise_adagrad", table_bytes=2, strategy="memory_optimized"
+    )
+    assert (fit.world_size, fit.busiest_bytes) == (2, busiest)
+    out = run(
+        "criteo", "--world-size", "2", "--optimizer", "rowwise_adagrad", "--table-dtype", "bfloat16"
+    )
+    assert out.returncode == 0, out.stderr
+    wide = run("criteo", "--world-size", "2", "--optimizer", "rowwise_adagrad")
+    total = [l for l in out.stdout.splitlines() if l.startswith("total ")][0]
+    assert total.startswith("total 1.4 GiB params")  # 2.7 GiB in float32
+    assert [l for l in wide.stdout.splitlines() if l.startswith("total ")][0].startswith(
+        "total 2.7 GiB params"
+    )
+    bad = run("criteo", "--table-dtype", "int8")
+    assert bad.returncode == 2 and "--table-dtype" in bad.stderr
