@@ -68,7 +68,7 @@ def backend_class(name: str):
 
 
 def resolve(
-    backend: str, features=(), exchange_dtype=None, table_dtype=None, strategy="basic"
+    backend: str, features=(), exchange_dtype=None, table_dtype=None, *, strategy="basic"
 ) -> str:
     """The backend that runs ``features``: ``auto`` picks the first one in preference order
     that imports and supports every feature and the placement ``strategy``

@@ -164,5 +164,8 @@ def test_auto_picks_horovod_for_our_own_strategies(monkeypatch):
     from merlin_models_de.backends import registry
 
     monkeypatch.setattr(registry, "is_importable", lambda name: True)
-    assert registry.resolve("auto", (), None, "work_balanced") == "horovod"
-    assert registry.resolve("auto", (), None, "memory_optimized") == "distributed-embeddings"
+    assert registry.resolve("auto", (), None, strategy="work_balanced") == "horovod"
+    assert (
+        registry.resolve("auto", (), None, strategy="memory_optimized") == "distributed-embeddings"
+    )
+    assert registry.resolve("auto", (), None, "bfloat16", strategy="memory_optimized") == "horovod"
