@@ -284,6 +284,12 @@ def human_bytes(n: float) -> str:
 TABLE_DTYPES = ("float32", "float16", "bfloat16")
 
 
+def narrow_table_bytes(table_dtype: str | None) -> int | None:
+    """Bytes of a stored parameter under a 16-bit ``table_dtype`` (2), else None: the
+    tables take their block's dtype, as the optimizer state does."""
+    return 2 if table_dtype in ("float16", "bfloat16") else None
+
+
 def table_dtype_name(value) -> str | None:
     """``value`` (None, a name or a ``tf.DType``) as a name from TABLE_DTYPES, or None.
 

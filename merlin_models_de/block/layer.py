@@ -41,6 +41,7 @@ from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import (
     feature_order,
     is_layer_combiner,
+    narrow_table_bytes,
     table_dtype_name,
     tables_from_schema,
 )
@@ -433,7 +434,7 @@ class DistributedEmbeddings(
         """The placement summary, with the backend that runs it. Bytes with slots count the
         slots of ``optimizer`` (a name), else of the compiled model's optimizer, else sgd's."""
         compiled = optimizer is None and self.compiled_optimizer_name is not None
-        narrow = 2 if self.table_dtype in ("bfloat16", "float16") else None
+        narrow = narrow_table_bytes(self.table_dtype)
         table = (
             self.plan.summary(
                 optimizer=self.compiled_optimizer_name,

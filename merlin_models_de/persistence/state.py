@@ -30,8 +30,10 @@ from merlin_models_de.variables import (
 
 
 def dtype_name(var) -> str:
-    """The dtype a manifest names for ``var`` (``bfloat16``, not its bits' uint16)."""
-    return BFLOAT16 if var.dtype.name == BFLOAT16 else np.dtype(var.dtype.as_numpy_dtype).name
+    """The dtype a manifest names for a variable or a TensorFlow dtype (``bfloat16``, not
+    its bits' uint16)."""
+    dtype = getattr(var, "dtype", var)
+    return BFLOAT16 if dtype.name == BFLOAT16 else np.dtype(dtype.as_numpy_dtype).name
 
 
 def numpy_dtype(var) -> np.dtype:

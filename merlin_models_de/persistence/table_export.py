@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from merlin_models_de.persistence.io import (
-    BFLOAT16,
     StorageError,
     beside,
     disk_dtype,
@@ -50,6 +49,7 @@ from merlin_models_de.persistence.io import (
     write_json,
 )
 from merlin_models_de.persistence.manifest import tiles
+from merlin_models_de.persistence.state import dtype_name
 from merlin_models_de.runtime import agree
 
 FORMAT = "mmde-table/1"
@@ -80,8 +80,8 @@ def export_table(block, table: str, directory: str) -> str:
     block.ensure_built()
     shards = block.plan.stored_shards_of(table)
     spec = block.plan.table(table)
-    stored = block.backend.storage_dtype(table)  # a 16-bit table is exported in 16 bits
-    dtype_label = BFLOAT16 if stored.name == BFLOAT16 else np.dtype(stored.as_numpy_dtype).name
+    # a 16-bit table is exported in 16 bits
+    dtype_label = dtype_name(block.backend.storage_dtype(table))
     what = f"exporting table '{table}' to {directory}"
     rank0 = block.rank == 0
 

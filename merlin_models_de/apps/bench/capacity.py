@@ -88,7 +88,7 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     from merlin_models_de.planner import plan
     from merlin_models_de.planner.memory import plan_peak_bytes, replicated_peak_bytes
     from merlin_models_de.schemas import synthetic_schema
-    from merlin_models_de.tables import tables_from_schema
+    from merlin_models_de.tables import narrow_table_bytes, tables_from_schema
 
     tables = tables_from_schema(
         capped_schema(synthetic_schema("criteo"), None, scale), dim=args.dim
@@ -96,7 +96,7 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     optimizer = config.get("optimizer", args.optimizer)
     if config["embeddings"] == "merlin":
         return [replicated_peak_bytes(tables, optimizer, config["ranks"])] * config["ranks"]
-    table_bytes = 2 if config.get("table_dtype") in ("bfloat16", "float16") else None
+    table_bytes = narrow_table_bytes(config.get("table_dtype"))
     placement = plan(tables, config["ranks"], strategy=args.strategy)
     return plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
 

@@ -27,7 +27,7 @@ from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
 from merlin_models_de.schemas import synthetic_dataset_names
-from merlin_models_de.tables import TABLE_DTYPES
+from merlin_models_de.tables import TABLE_DTYPES, narrow_table_bytes
 
 PROG = "python -m merlin_models_de.apps.dlrm"
 
@@ -202,7 +202,7 @@ def check_options(args) -> str | None:
                 f"--rows must hold at least one global batch (batch size {args.batch_size} "
                 f"x {size} ranks). Received: --rows={args.rows}"
             )
-    narrow = args.table_dtype not in (None, "float32")
+    narrow = narrow_table_bytes(args.table_dtype) is not None
     if narrow and (args.optimizer != "rowwise_adagrad" or args.embeddings != "distributed"):
         return (
             f"--table-dtype {args.table_dtype} stores the block's tables in 16 bits, which "

@@ -43,7 +43,12 @@ from merlin_models_de.planner.cost import LINKS
 from merlin_models_de.planner.memory import plan_peak_bytes
 from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, DEFAULT_MULTI_HOT, rank_times
 from merlin_models_de.schemas import load_schema
-from merlin_models_de.tables import TABLE_DTYPES, human_bytes, tables_from_schema
+from merlin_models_de.tables import (
+    TABLE_DTYPES,
+    human_bytes,
+    narrow_table_bytes,
+    tables_from_schema,
+)
 
 
 def shard_text(shard, table) -> str:
@@ -199,7 +204,7 @@ def step_lines(placement, args, hotness) -> list[str]:
 
 def table_bytes(args) -> int | None:
     """Bytes of a stored parameter under ``--table-dtype`` (None: ``--dtype-bytes``)."""
-    return 2 if args.table_dtype in ("bfloat16", "float16") else None
+    return narrow_table_bytes(args.table_dtype)
 
 
 def assumptions_line(args) -> str:
