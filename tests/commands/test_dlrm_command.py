@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from merlin_models_de.apps.common.huge_pages import glibc_version, relaunch_env, thp_mode
 from merlin_models_de.apps.common.synthetic import make_rows, rank_rows
 from merlin_models_de.apps.dlrm.__main__ import main as dlrm_main
 from tests.commands.launch import HOROVODRUN
@@ -241,6 +242,10 @@ def test_two_ranks_hold_half_the_tables_each(tmp_path):
     assert sum(per_rank) == report["total_embedding_bytes"]
     assert max(per_rank) <= 0.55 * report["total_embedding_bytes"]
     assert len(report["epochs"][-1]["peak_rss_bytes"]) == 2
+    # each rank started itself again on 2 MB pages (apps/common/huge_pages.py)
+    on_huge_pages = report["epochs"][-1]["huge_page_bytes"]
+    if relaunch_env({}, thp_mode(), glibc_version()) is not None:
+        assert len(on_huge_pages) == 2 and min(on_huge_pages) >= 64 << 20, on_huge_pages
     # each rank's training CPU (user, kernel) per epoch, and the warm epochs' per 1,000 samples
     assert [len(c) for c in report["epochs"][-1]["cpu_seconds"]] == [2, 2]
     cpu = report["warm_cpu_per_1000_samples"]

@@ -121,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="comma list of runs to leave out, e.g. " "data-parallel,no-validation",
     )
+    ap.add_argument(
+        "--no-huge-pages",
+        dest="huge_pages",
+        action="store_false",
+        help="every run with the DLRM command's --no-huge-pages (4 KB pages)",
+    )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     ap.add_argument(
         "--max-steal",
@@ -161,6 +167,8 @@ def _runs(args) -> list[dict]:
         ]
         if args.max_table_rows:
             base += ["--max-table-rows", str(args.max_table_rows)]
+        if not args.huge_pages:
+            base.append("--no-huge-pages")
         single, dist = baseline_and_ranks_args(base, args.batch_size, LEARNING_RATES[opt], n)
         runs.append({"name": "single", "optimizer": opt, "ranks": 1, "args": single})
         runs.append(
@@ -255,6 +263,7 @@ def _repeat(rep: dict, seconds: float) -> dict:
         "warm_steps": sum(e["steps"] for e in rep["epochs"][1:]),
         "warm_step_seconds": rep.get("warm_step_seconds"),
         "peak_rss_per_rank": last["peak_rss_bytes"],
+        "huge_page_bytes_per_rank": last.get("huge_page_bytes"),
         "final_loss": last["loss"],
         "val_auc": last["val_auc"],
         "seconds": seconds,

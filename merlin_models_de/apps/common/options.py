@@ -23,6 +23,7 @@ import sys
 import time
 
 from merlin_models_de.apps.common.console import quiet_imports
+from merlin_models_de.apps.common.huge_pages import relaunch_on_huge_pages
 from merlin_models_de.backends.memory import available_memory_bytes
 from merlin_models_de.comm import launch_env
 from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
@@ -139,6 +140,14 @@ def add_run_options(group, checkpoint_help: str) -> None:
         help="TF threads per rank (default: cores / ranks on this host)",
     )
     group.add_argument(
+        "--no-huge-pages",
+        dest="huge_pages",
+        action="store_false",
+        help="keep glibc's 4 KB pages (default: the command starts itself again with "
+        "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 where the kernel and glibc allow it; "
+        "docs/training.md)",
+    )
+    group.add_argument(
         "--quiet",
         action="store_true",
         help="accepted for older scripts: Keras' own epoch lines are off, "
@@ -221,7 +230,9 @@ def report_problem(problem: str, host_dependent: bool) -> None:
 
 def checked_arguments(option_parser, argv, check_options, check_host):
     """Parsed options, or None after reporting the first problem (options first, then what
-    depends on the host), before TensorFlow loads."""
+    depends on the host), before TensorFlow loads. A command started from its command line
+    (``argv`` None) with ``--huge-pages`` on starts itself again on huge pages first
+    (:mod:`.huge_pages`); one called with ``argv`` runs in its caller's process as it is."""
     quiet_imports()
     args = option_parser.parse_args(argv)
     problem = check_options(args)
@@ -229,4 +240,6 @@ def checked_arguments(option_parser, argv, check_options, check_host):
     if problem or host_problem:
         report_problem(problem or host_problem, host_dependent=bool(host_problem))
         return None
+    if argv is None and getattr(args, "huge_pages", False):
+        relaunch_on_huge_pages()
     return args

@@ -15,6 +15,19 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def huge_page_bytes(path: str = "/proc/self/smaps_rollup") -> int | None:
+    """This process's memory now on transparent huge pages (``AnonHugePages``), or None where
+    the kernel does not say (not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024  # KiB
+    except OSError:
+        return None
+    return None
+
+
 def cpu_seconds() -> tuple[float, float]:
     """(user, system) CPU seconds this process used so far, every thread counted."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

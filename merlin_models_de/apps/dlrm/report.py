@@ -13,6 +13,7 @@ from merlin_models_de.apps.common.reports import (
     cpu_seconds,
     embedding_bytes,
     host_cpu_ticks,
+    huge_page_bytes,
     peak_rss_bytes,
 )
 from merlin_models_de.tables import human_bytes
@@ -91,6 +92,7 @@ class EpochReport(tf.keras.callbacks.Callback):
         mine = {
             "embedding_bytes": embedding_bytes(self.block),
             "peak_rss_bytes": peak_rss_bytes(),
+            "huge_page_bytes": huge_page_bytes(),
             "loss": float(logs.get("loss", float("nan"))),
             "cpu_seconds": cpu,
             "host_cpu_ticks": host,
@@ -106,6 +108,8 @@ class EpochReport(tf.keras.callbacks.Callback):
             "val_logloss": _get(logs, "val_logloss"),
             "embedding_bytes": [r["embedding_bytes"] for r in ranks],
             "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
+            # per rank, on 2 MB pages at the epoch's end (apps/common/huge_pages.py)
+            "huge_page_bytes": [r["huge_page_bytes"] for r in ranks],
             "cpu_seconds": [r["cpu_seconds"] for r in ranks],  # per rank: user, system
             # per rank, of its host: (stolen, all) ticks while this epoch trained
             "host_cpu_ticks": [r["host_cpu_ticks"] for r in ranks],

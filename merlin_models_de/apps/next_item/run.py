@@ -18,7 +18,12 @@ from merlin_models_de.apps.common.cores import configure_threads
 from merlin_models_de.apps.common.epochs import RestOfEpoch, equal_steps_for
 from merlin_models_de.apps.common.optimizers import optimizer_for
 from merlin_models_de.apps.common.options import placement_options
-from merlin_models_de.apps.common.reports import embedding_bytes, peak_rss_bytes, write_report
+from merlin_models_de.apps.common.reports import (
+    embedding_bytes,
+    huge_page_bytes,
+    peak_rss_bytes,
+    write_report,
+)
 from merlin_models_de.apps.common.synthetic import rank_rows
 from merlin_models_de.apps.next_item.data import ITEM, make_sessions, session_schema
 from merlin_models_de.tables import human_bytes
@@ -281,6 +286,7 @@ def run(args, started: float) -> dict:
         mine = {
             "embedding_bytes": embedding_bytes(emb),
             "peak_rss_bytes": peak_rss_bytes(),
+            "huge_page_bytes": huge_page_bytes(),
             "loss": loss,
             "samples_per_second": sps,
         }
@@ -297,6 +303,7 @@ def run(args, started: float) -> dict:
             "val_sampled": sampled,
             "embedding_bytes": [r["embedding_bytes"] for r in ranks],
             "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
+            "huge_page_bytes": [r["huge_page_bytes"] for r in ranks],
         }
         epochs.append(entry)
         if rank == 0:
