@@ -40,8 +40,9 @@ from merlin_models_de.planner import (
     validate_options,
 )
 from merlin_models_de.planner.cost import LINKS
+from merlin_models_de.planner.hotness import DEFAULT_MULTI_HOT
 from merlin_models_de.planner.memory import plan_peak_bytes
-from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, DEFAULT_MULTI_HOT, rank_times
+from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, rank_times
 from merlin_models_de.schemas import load_schema
 from merlin_models_de.tables import (
     TABLE_DTYPES,
