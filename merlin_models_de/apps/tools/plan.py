@@ -274,15 +274,9 @@ def main(argv=None) -> int:
                 f"Received: --table-scale={args.table_scale}"
             )
         tables, hotness, hotness_line = _tables(args)
-        p = plan(
-            tables,
-            args.world_size,
-            **options,
-            batch_size=args.batch_size,
-            hotness=hotness,
-            optimizer=args.optimizer,
-            link=args.link,
-        )
+        # the step work_balanced places for: the printed plan's and the search's
+        workload = dict(batch_size=args.batch_size, hotness=hotness, link=args.link)
+        p = plan(tables, args.world_size, **options, **workload, optimizer=args.optimizer)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -302,6 +296,7 @@ def main(argv=None) -> int:
             dtype_bytes=args.dtype_bytes,
             table_bytes=narrow,
             **options,
+            **workload,
         )
         print(_fit_line(fit, args, capacity))
     return 0
