@@ -21,7 +21,9 @@ def install_merlin_hooks(hooks) -> None:
     number of ranks) and ``prepare(model, method, arguments)`` (before ``fit`` / ``evaluate`` / ``predict``: the
     call's arguments by name, returned checked and adjusted),
     ``rank_loader(method, data, batch_size, shuffle, loader_kwargs)`` (a
-    Merlin ``Dataset`` given to them, as a ``Loader``), ``before_fit(model)``, ``after_compile(model)`` (on any number of ranks) and
+    Merlin ``Dataset`` given to them, as a ``Loader``), ``before_fit(model)``,
+    ``before_compile(model, optimizer)`` (the optimizer as the user passed it, before Merlin
+    or Keras compile anything), ``after_compile(model)`` (both on any number of ranks) and
     ``rebuild_scope()`` (a context around every model class's ``from_config``),
     ``fit_input(model, x)`` (the training data ``fit`` reads, for models whose class keeps
     Merlin's ``train_step``) and ``step_inputs(model, data)`` (a context around each traced
@@ -39,6 +41,7 @@ def install_merlin_hooks(hooks) -> None:
     train_step_ = model_cls.train_step
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Merlin's method name)
+        hooks.before_compile(self, optimizer)  # a refusal leaves the model as it was
         if not hooks.active(self):
             out = compile_(self, optimizer, *args, **kwargs)
         else:

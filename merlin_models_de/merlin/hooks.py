@@ -140,10 +140,17 @@ class MerlinHooks:
         return prepare_call(model, method, arguments)
 
     @staticmethod
+    def before_compile(model, optimizer):
+        """Refuses, before Merlin or Keras compile anything, an optimizer (as given: an
+        instance, a name such as ``"sgd"``, a MultiOptimizer) that cannot train the blocks'
+        16-bit tables: a refused compile leaves the model as it was (its optimizer, a
+        MultiOptimizer's optimizers). The plan decides, the same on every rank, so every
+        rank refuses."""
+        check_table_dtype(model, optimizer)
+
+    @staticmethod
     def after_compile(model):
-        """Checks that the optimizer can train the blocks' 16-bit tables, and tells each block
-        the compiled optimizer's slot copies (``block.summary()``)."""
-        check_table_dtype(model)
+        """Tells each block the compiled optimizer's slot copies (``block.summary()``)."""
         name, slots = slot_copies(model.optimizer) or (None, None)
         for block in embedding_blocks(model):
             block.compiled_optimizer_name, block.compiled_optimizer_slots = name, slots

@@ -30,9 +30,15 @@ from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
 from merlin_models_de.variables import embedding_blocks, is_local
 
 
+def keras_optimizer(optimizer):
+    """The optimizer Merlin's ``compile`` makes of ``optimizer``: a name (``"sgd"``) or a
+    config as a legacy Keras optimizer; an optimizer as it is."""
+    return tf.keras.optimizers.get(optimizer, use_legacy_optimizer=True)
+
+
 def scaled_optimizer(optimizer, factor):
     """A legacy Keras optimizer like ``optimizer`` with its learning rate times ``factor``."""
-    opt = tf.keras.optimizers.get(optimizer, use_legacy_optimizer=True)
+    opt = keras_optimizer(optimizer)
     config = opt.get_config()
     lr = opt.learning_rate
     if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
@@ -143,19 +149,21 @@ def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
     return out
 
 
-def check_table_dtype(model) -> None:
-    """Raises ValueError naming the table, its dtype and the optimizer when a block stores
-    trainable tables in 16 bits and the optimizer that trains them cannot update 16-bit rows
-    (Keras' optimizers would round every update to nearest, losing the small ones, and
-    keep their state in 16 bits too)."""
+def check_table_dtype(model, optimizer) -> None:
+    """Raises ValueError naming the table, its dtype and the optimizer when a block of
+    ``model`` stores trainable tables in 16 bits and ``optimizer`` (what ``compile`` is
+    given: an optimizer, a name, a MultiOptimizer) would train them with one that cannot
+    update 16-bit rows (Keras' optimizers would round every update to nearest, losing the
+    small ones, and keep their state in 16 bits too). Reads only the block's plan and
+    options, which every rank shares, and changes nothing."""
     for block in embedding_blocks(model):
         if block.table_dtype is None or not is_narrow(block.table_dtype) or not block.trainable:
             continue
-        optimizer = optimizer_of(model.optimizer, block)
-        if optimizer is None or isinstance(optimizer, RowWiseAdagrad):
-            continue
         narrow = [t.name for t in block.tables if block.plan.kind_of(t.name) in MODEL_PARALLEL]
         if not narrow:  # every table replicated: stored in the block's dtype
+            continue
+        trains = optimizer_of(keras_optimizer(optimizer), block)
+        if trains is None or isinstance(trains, RowWiseAdagrad):
             continue
         table = narrow[0]
         raise ValueError(
@@ -163,7 +171,7 @@ def check_table_dtype(model) -> None:
             f"(table_dtype={block.table_dtype!r}); its rows are updated in float32 and "
             "stochastically rounded by merlin_models_de.RowWiseAdagrad only. Compile with it "
             "(or give it the block through mm.MultiOptimizer), or use table_dtype=None. "
-            f"Received: optimizer={type(optimizer).__name__}"
+            f"Received: optimizer={type(trains).__name__}"
         )
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from merlin_models_de.planner.hotness import check_hotness, ids_per_sample
 from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import ShardingPlan, ShardingType
 from merlin_models_de.tables import FeatureSpec, feature_order
@@ -267,20 +268,6 @@ def _allgather(stage, pieces) -> Collective:
     )
 
 
-def _hotness_of(feature: FeatureSpec, hotness) -> float:
-    value = hotness.get(feature.name) if isinstance(hotness, Mapping) else hotness
-    if value is None:
-        raise ValueError(
-            f"Multi-hot feature '{feature.name}' needs its mean ids per sample; "
-            f"pass hotness={{'{feature.name}': h}}. Received: hotness={hotness!r}"
-        )
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(
-            f"hotness of feature '{feature.name}' must be a number >= 0. " f"Received: {value!r}"
-        )
-    return value
-
-
 def step_costs(
     plan: ShardingPlan,
     batch_size: int,
@@ -300,7 +287,9 @@ def step_costs(
         features: The block's ordered features (default: every feature of the plan's
             tables, as the block orders them).
         hotness: Mean ids per sample of multi-hot features: one number for all, or a dict by
-            feature name (needed for every multi-hot feature not on a replicated table).
+            feature name; a feature without one counts
+            :data:`~merlin_models_de.planner.hotness.DEFAULT_MULTI_HOT`
+            (:func:`~merlin_models_de.planner.hotness.ids_per_sample`).
         dtype_bytes: Bytes per embedding / gradient element (4: float32).
         dense_params: Parameters of the rest of the model (allreduced every step).
         allreduce_rounds: Fused allreduce rounds the dense gradients take (Horovod packs
@@ -323,6 +312,7 @@ def step_costs(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an int >= {least}. Received: {name}={value!r}")
+    check_hotness(hotness)
     features = tuple(feature_order(plan.tables) if features is None else features)
     n, b, d = plan.world_size, batch_size, dtype_bytes
     x = exchange_bytes or d  # rows of model-parallel tables (row-sliced partials stay d)
@@ -331,7 +321,7 @@ def step_costs(
     routing = Routing.build(plan, features)
 
     def ids_of(feature) -> int:  # ids per rank per step
-        return int(b * _hotness_of(feature, hotness)) if feature.multi_hot else b
+        return int(b * ids_per_sample(feature, hotness))
 
     fwd = []
     # ids: header + one-hot ids + multi-hot row lengths, per owner (the header always goes)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from merlin_models_de.planner.cost import ID_BYTES, get_link, step_costs
+from merlin_models_de.planner.hotness import check_hotness, ids_per_sample
 from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import (
     MODEL_PARALLEL,
@@ -41,9 +42,6 @@ from merlin_models_de.tables import FeatureSpec, feature_order
 
 # Samples per rank per step a placement is planned for when none is given: the DLRM command's.
 DEFAULT_BATCH_SIZE = 512
-# Mean ids per sample assumed for a multi-hot feature whose hotness is not given (the block
-# does not know its schema's value_count; the plan and cost commands read it from the schema).
-DEFAULT_MULTI_HOT = 4.0
 DEFAULT_LINK = "gloo-loopback"
 
 
@@ -126,7 +124,7 @@ class Workload:
     Attributes:
         batch_size: Samples per rank per step.
         hotness: Mean ids per sample of multi-hot features: one number or a dict by feature
-            (default :data:`DEFAULT_MULTI_HOT`).
+            (read by :func:`merlin_models_de.planner.hotness.ids_per_sample`).
         optimizer: Its slots are copies the update writes.
         link: A name of ``planner.cost.LINKS``; its device's :data:`COMPUTE` prices lookups.
 
@@ -146,26 +144,17 @@ class Workload:
         b = self.batch_size
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(f"batch_size must be an int >= 1. Received: batch_size={b!r}")
-        given = self.hotness
-        for value in given.values() if isinstance(given, Mapping) else [given]:
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-            ):
-                raise ValueError(
-                    f"hotness must be a number >= 0 or a dict of them by feature. "
-                    f"Received: hotness={given!r}"
-                )
+        check_hotness(self.hotness)
         optimizer_slots(self.optimizer)
         get_link(self.link)
 
     def slice_ms(self, table, cols: int, world_size: int) -> float:
         """Milliseconds a step that serving ``cols`` columns of ``table`` (every feature that
         reads it) costs the owner: :func:`serve_ms`."""
-        hot = hotness_for(table.features, self.hotness)
         copies = 1 + optimizer_slots(self.optimizer)
         return sum(
             serve_ms(
-                int(self.batch_size * ids_per_sample(f, hot)),
+                int(self.batch_size * ids_per_sample(f, self.hotness)),
                 cols,
                 table.rows,
                 world_size,
@@ -175,22 +164,6 @@ class Workload:
             )
             for f in table.features
         )
-
-
-def hotness_for(features: Sequence[FeatureSpec], hotness=None) -> dict[str, float]:
-    """Mean ids per sample of every multi-hot feature: ``hotness`` (one number, or a dict by
-    feature name), else :data:`DEFAULT_MULTI_HOT`."""
-    out = {}
-    for f in features:
-        if f.multi_hot:
-            given = hotness.get(f.name) if isinstance(hotness, Mapping) else hotness
-            out[f.name] = DEFAULT_MULTI_HOT if given is None else given
-    return out
-
-
-def ids_per_sample(feature: FeatureSpec, hotness: Mapping[str, float]) -> float:
-    """1 for a one-hot feature, its hotness for a multi-hot one."""
-    return hotness[feature.name] if feature.multi_hot else 1.0
 
 
 def serve_ms(
@@ -255,8 +228,8 @@ def rank_times(
         optimizer: Its slots are copies the update writes.
         features, dense_params, allreduce_rounds, exchange_bytes: As
             :func:`~merlin_models_de.planner.cost.step_costs`.
-        hotness: Mean ids per sample of multi-hot features (default
-            :data:`DEFAULT_MULTI_HOT`).
+        hotness: Mean ids per sample of multi-hot features
+            (:func:`merlin_models_de.planner.hotness.ids_per_sample`).
 
     Raises:
         ValueError: naming the option and the value received.
@@ -264,18 +237,17 @@ def rank_times(
     price = get_link(link)
     copies = 1 + optimizer_slots(optimizer)
     features = tuple(feature_order(plan.tables) if features is None else features)
-    hot = hotness_for(features, hotness)
     costs = step_costs(
         plan,
         batch_size,
         features=features,
-        hotness=hot,
+        hotness=hotness,
         dense_params=dense_params,
         allreduce_rounds=allreduce_rounds,
         exchange_bytes=exchange_bytes,
     )
     routing = Routing.build(plan, features)
-    compute = _compute(plan, routing, batch_size, hot, copies, COMPUTE[link])
+    compute = _compute(plan, routing, batch_size, hotness, copies, COMPUTE[link])
     n, out = plan.world_size, []
     local = sum(1 for f in features if plan.kind_of(f.table) not in MODEL_PARALLEL)
     for rank in range(n):

@@ -215,6 +215,36 @@ def test_device_memory_search_answers_fast_for_any_capacity(memory, options):
     assert last.startswith(("Smallest world size", "No world size up to ")), last
 
 
+@pytest.mark.parametrize(
+    "schema, memory, step, fits",
+    [
+        ("criteo", "1.85GB", [], 5),
+        ("criteo", "1.85GB", ["--batch-size", "64"], 4),
+        ("criteo", "1.85GB", ["--link", "nvlink-nccl"], 4),
+        ("music-streaming", "2580000", [], 3),  # its schema's value_count: 4 ids a sample
+        ("music-streaming", "2580000", ["--hotness", "1"], 2),
+    ],
+)
+def test_device_memory_search_places_for_the_commands_step(capsys, schema, memory, step, fits):
+    """work_balanced places for the step it is given (--batch-size, --link, --hotness), and
+    so does the search: the busiest rank it finds is the printed plan's at that world size."""
+    from merlin_models_de.apps.tools.plan import main
+
+    code = main(
+        [schema, "--dim", "16", "--world-size", str(fits), "--device-memory", memory, *step]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    found = [l for l in lines if l.startswith("Smallest world size")]
+    assert found and found[0].startswith(
+        f"Smallest world size whose busiest rank fits {memory}: {fits} (busiest rank "
+    ), found
+    busiest = found[0].split("(busiest rank ")[1].split(" with")[0]
+    head = next(i for i, l in enumerate(lines) if l.startswith("predicted step per rank"))
+    memories = [" ".join(l.split()[-2:]) for l in lines[head + 2 : head + 2 + fits]]
+    assert busiest in memories, (busiest, memories)
+
+
 def test_smallest_world_size_is_the_smallest_that_fits_and_is_bounded(synthetic_schema):
     from merlin_models_de.tables import tables_from_schema
 
@@ -226,6 +256,7 @@ def test_smallest_world_size_is_the_smallest_that_fits_and_is_bounded(synthetic_
         (10**6, "sgd", dict(strategy="basic", row_slice_threshold=10**6)),
         (1, "sgd", dict(strategy="basic")),
         (2**20, "sgd", dict(strategy="memory_optimized", data_parallel_threshold=2**20)),
+        (185 * 10**7, "adagrad", dict(strategy="work_balanced", batch_size=64)),
     ]
     for capacity, optimizer, options in cases:
         fit = smallest_world_size(tables, capacity, optimizer, **options)

@@ -118,6 +118,42 @@ def test_fit_with_16_bit_tables_matches_one_process(hvd, tmp_path_factory):
     assert not np.array_equal(final["table/C1"], ref["initial/table/C1"])  # it trained
 
 
+def test_a_refused_compile_leaves_every_rank_as_it_was(hvd):
+    """16-bit tables and an optimizer that cannot train them: every rank refuses, naming the
+    table, its dtype and the optimizer, before Merlin's compile wraps anything (the
+    MultiOptimizer keeps the optimizers it was given, the model has none), and the retry
+    with RowWiseAdagrad trains."""
+    import merlin.models.tf as mm
+
+    from merlin_models_de import RowWiseAdagrad
+
+    n, r = comm.size(), comm.rank()
+    spec = dict(SPEC, world_size=n, small=True, block_options={"table_dtype": "bfloat16"})
+    model = fc.build_model(spec)
+    (block,) = embedding_blocks(model)
+    adam, sgd = fc.optimizer("adam", 0.01), fc.optimizer("sgd", 0.01)
+    multi = mm.MultiOptimizer(
+        default_optimizer=adam, optimizers_and_blocks=[mm.OptimizerBlocks(sgd, block)]
+    )
+    with pytest.raises(ValueError) as refused:
+        model.compile(optimizer=multi)
+    message = str(refused.value)
+    assert f"of block '{block.name}' is stored in bfloat16 (table_dtype='bfloat16')" in message
+    assert message.startswith("Table '") and message.endswith("Received: optimizer=SGD")
+    assert comm.allgather_object(message) == [message] * n  # every rank, the same words
+    pair = multi.optimizers_and_blocks[0]
+    assert pair.optimizer is sgd and multi.default_optimizer is adam
+    assert not getattr(multi, "_mmde_distributed", False) and model.optimizer is None
+    data = fc.only_columns(
+        comm.broadcast_object(fc.make_data(n * PER_RANK, seed=6)), fc.small_schema().column_names
+    )
+    x, y = fc.split_xy(data, spec)
+    rows = fc.rank_rows(len(y), PER_RANK, n, r)
+    model.compile(optimizer=RowWiseAdagrad(0.05))
+    model.fit({k: v[rows] for k, v in x.items()}, y[rows], batch_size=PER_RANK, verbose=0)
+    assert isinstance(model.optimizer, RowWiseAdagrad)
+
+
 def _trained(tmp_path_factory, seed):
     spec = dict(SPEC, world_size=comm.size())
     data = comm.broadcast_object(fc.make_data(2 * comm.size() * PER_RANK, seed=seed))

@@ -76,6 +76,15 @@ def test_multi_hot_lookup_adds_a_values_exchange():
     assert step_costs(plan([one_hot("a"), multi_hot("m")], 2), B, hotness=3) == costs
 
 
+def test_multi_hot_feature_without_hotness_counts_the_default_ids():
+    # planner.hotness: 4 ids a sample, as work_balanced places and rank_times prices it
+    p = plan([one_hot("a"), multi_hot("m")], 2)
+    costs = step_costs(p, B)
+    assert summary(costs)[1] == ("values", "alltoall", "fwd", (128, 128), (0, 256), 128)
+    assert step_costs(p, B, hotness={"other": 9}) == costs == step_costs(p, B, hotness=4)
+    assert step_costs(p, B, hotness={"m": None}) == costs != step_costs(p, B, hotness=5)
+
+
 def test_row_sliced_table_allgathers_ids_and_sums_rows():
     costs = step_costs(plan([one_hot("r")], 2, row_slice_threshold=1), B)
     assert summary(costs) == [
@@ -190,10 +199,13 @@ def test_unknown_link_names_it_and_the_known_ones():
         (dict(batch_size=0), "batch_size must be an int >= 1. Received: batch_size=0"),
         (dict(batch_size=4, dense_params=-1), "Received: dense_params=-1"),
         (dict(batch_size=4, allreduce_rounds=0), "Received: allreduce_rounds=0"),
-        (dict(batch_size=4), "Multi-hot feature 'm' needs its mean ids per sample"),
         (
             dict(batch_size=4, hotness={"m": -2}),
-            "hotness of feature 'm' must be a number >= 0. " "Received: -2",
+            "hotness of feature 'm' must be a number >= 0. Received: hotness={'m': -2}",
+        ),
+        (
+            dict(batch_size=4, hotness="lots"),
+            "hotness must be a number >= 0 or a dict of them by feature. Received: hotness='lots'",
         ),
     ],
 )

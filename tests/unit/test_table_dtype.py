@@ -156,6 +156,32 @@ def test_keras_optimizers_are_refused_naming_the_table():
     m.compile(optimizer=multi)
 
 
+def test_a_refused_compile_leaves_the_model_as_it_was():
+    """The optimizer is checked as given, before Merlin or Keras compile: a name, an
+    optimizer, a MultiOptimizer whose default would train the block."""
+    m = model()
+    table = r"Table '\w+' of block '\w+' is stored in bfloat16 \(table_dtype='bfloat16'\)"
+    multi = mm.MultiOptimizer(
+        default_optimizer=tf.keras.optimizers.legacy.Adam(0.01),
+        optimizers_and_blocks=[mm.OptimizerBlocks(RowWiseAdagrad(0.1), m.blocks[1])],
+    )
+    refused = [("sgd", "SGD"), (tf.keras.optimizers.legacy.Adagrad(0.1), "Adagrad")]
+    refused.append((multi, "Adam"))
+    for optimizer, name in refused:
+        with pytest.raises(ValueError, match=table + rf".*Received: optimizer={name}$"):
+            m.compile(optimizer=optimizer)
+        assert m.optimizer is None and m.compiled_loss is None  # never compiled
+    rowwise = RowWiseAdagrad(0.1)
+    m.compile(optimizer=rowwise)
+    loss = m.compiled_loss
+    for optimizer, _ in refused:
+        with pytest.raises(ValueError, match=table):
+            m.compile(optimizer)
+        assert m.optimizer is rowwise and m.compiled_loss is loss  # the last compile stands
+    x, y = data()
+    m.fit(x, y, batch_size=16, epochs=1, verbose=0)  # and trains with it
+
+
 def test_trained_16_bit_tables_persist_in_16_bits(tmp_path):
     x, y = data()
     m = model()

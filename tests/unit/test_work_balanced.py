@@ -135,11 +135,29 @@ def test_multi_hot_features_count_their_hotness():
     assert hot > default
 
 
+def test_a_missing_hotness_reads_the_same_default_in_placement_step_and_bytes():
+    from merlin_models_de.planner.cost import step_costs
+    from merlin_models_de.planner.hotness import DEFAULT_MULTI_HOT
+
+    multi = [
+        TableSpec(f"m{i}", 1000, 8, (FeatureSpec(f"m{i}", f"m{i}", True, "sum"),)) for i in range(3)
+    ]
+    tables = multi + specs((1000, 8), (1000, 8))
+    p = plan(tables, 2, "work_balanced", batch_size=64, hotness=DEFAULT_MULTI_HOT)
+    for value in (None, {}, {"m0": None}):
+        assert plan(tables, 2, "work_balanced", batch_size=64, hotness=value) == p
+        assert rank_times(p, 64, hotness=value) == rank_times(p, 64, hotness=DEFAULT_MULTI_HOT)
+        assert step_costs(p, 64, hotness=value) == step_costs(p, 64, hotness=DEFAULT_MULTI_HOT)
+    # and the default is a real number of ids: another one changes the estimate
+    assert rank_times(p, 64) != rank_times(p, 64, hotness=1.0)
+
+
 @pytest.mark.parametrize(
     "option, message",
     [
         (dict(batch_size=0), "Received: batch_size=0"),
         (dict(hotness=-1.0), "Received: hotness=-1.0"),
+        (dict(hotness={"t0": "x"}), "hotness of feature 't0' must be a number >= 0"),
         (dict(optimizer="nadam2"), "Received: optimizer='nadam2'"),
         (dict(link="carrier-pigeon"), "Received: link='carrier-pigeon'"),
         (dict(max_rank_elements=0), "max_rank_elements=0"),

@@ -44,10 +44,12 @@ def busiest_elements(
     data_parallel_threshold=None,
     copies: int = 1,
     per_row: int = 0,
+    **workload,
 ) -> int:
     """Elements on the busiest rank of ``plan(tables, world_size, ...)``, in one pass, each
     counted ``copies`` times, plus ``per_row`` values for each row the rank holds (row-wise
-    optimizer state).
+    optimizer state). ``workload``: the step ``work_balanced`` places for (``batch_size``,
+    ``hotness``, ``optimizer``, ``link`` of :func:`merlin_models_de.planner.plan`).
 
     Only the model-parallel tables are planned (their placement does not depend on the
     others); replicated and row-sliced tables are added per rank from their closed forms,
@@ -61,6 +63,7 @@ def busiest_elements(
             world_size,
             strategy,
             column_slice_threshold=column_slice_threshold,
+            **workload,
         )
         for shard in placed.shards:
             per_rank[shard.rank] += shard.rows * (shard.cols * copies + per_row)
@@ -152,7 +155,10 @@ def smallest_world_size(
         max_plans: World sizes planned at most.
         table_bytes: Bytes per stored parameter where tables are narrower (16-bit: 2);
             ``dtype_bytes`` must be a multiple of it. None: ``dtype_bytes``.
-        **options: Placement options of :func:`merlin_models_de.planner.plan`.
+        **options: Placement options of :func:`merlin_models_de.planner.plan`, with the
+            step ``work_balanced`` places for (``batch_size``, ``hotness``, ``link``; its
+            ``optimizer`` is ``optimizer``): the plan command passes its own, so the world
+            size it finds is planned as the plan it prints.
 
     Returns:
         A :class:`Fit`.
@@ -168,7 +174,9 @@ def smallest_world_size(
         return Fit(None, reason=reason, checked_up_to=limit)
     last = min(highest, lowest + max_plans - 1)
     for n in range(lowest, last + 1):
-        values = busiest_elements(tables, n, copies=copies, per_row=per_row, **options)
+        values = busiest_elements(
+            tables, n, copies=copies, per_row=per_row, optimizer=optimizer, **options
+        )
         busiest = values * dtype_bytes
         if busiest <= capacity:
             return Fit(n, busiest, plans=n - lowest + 1)

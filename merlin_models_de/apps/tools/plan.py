@@ -40,8 +40,9 @@ from merlin_models_de.planner import (
     validate_options,
 )
 from merlin_models_de.planner.cost import LINKS
+from merlin_models_de.planner.hotness import DEFAULT_MULTI_HOT
 from merlin_models_de.planner.memory import plan_peak_bytes
-from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, DEFAULT_MULTI_HOT, rank_times
+from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, rank_times
 from merlin_models_de.schemas import load_schema
 from merlin_models_de.tables import (
     TABLE_DTYPES,
@@ -273,15 +274,9 @@ def main(argv=None) -> int:
                 f"Received: --table-scale={args.table_scale}"
             )
         tables, hotness, hotness_line = _tables(args)
-        p = plan(
-            tables,
-            args.world_size,
-            **options,
-            batch_size=args.batch_size,
-            hotness=hotness,
-            optimizer=args.optimizer,
-            link=args.link,
-        )
+        # the step work_balanced places for: the printed plan's and the search's
+        workload = dict(batch_size=args.batch_size, hotness=hotness, link=args.link)
+        p = plan(tables, args.world_size, **options, **workload, optimizer=args.optimizer)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -301,6 +296,7 @@ def main(argv=None) -> int:
             dtype_bytes=args.dtype_bytes,
             table_bytes=narrow,
             **options,
+            **workload,
         )
         print(_fit_line(fit, args, capacity))
     return 0

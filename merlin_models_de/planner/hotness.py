@@ -1,0 +1,60 @@
+"""Mean ids per sample of a feature: the one reader of ``hotness`` for the planner's
+estimates (``work``: ``work_balanced``'s placement and the per-rank step; ``cost``: a step's
+collectives and bytes). Pure Python.
+
+``hotness`` is one number for every multi-hot feature, a dict by feature name, or None. A
+one-hot feature reads 1 id a sample whatever is given. A multi-hot feature without a value
+(None, or missing from the dict) reads :data:`DEFAULT_MULTI_HOT`, in every estimate: the
+block places ``work_balanced`` without knowing its schema's ``value_count``, so the
+placement has to assume one, and the step and bytes predicted for that placement assume the
+same. The commands resolve ``--hotness`` and the schema's ``value_count`` first and say which
+values they assumed (``apps/common/hotness.py``).
+
+Example:
+    >>> from merlin_models_de.tables import FeatureSpec
+    >>> m = FeatureSpec("m", "m", multi_hot=True, combiner="sum")
+    >>> ids_per_sample(m, {"m": 2.5}), ids_per_sample(m, None), ids_per_sample(m, {})
+    (2.5, 4.0, 4.0)
+    >>> ids_per_sample(FeatureSpec("a", "a"), 7)
+    1.0
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from merlin_models_de.tables import FeatureSpec
+
+# Mean ids per sample of a multi-hot feature whose hotness is not given (the block does not
+# know its schema's value_count; the plan and cost commands read it from the schema).
+DEFAULT_MULTI_HOT = 4.0
+
+
+def check_hotness(hotness) -> None:
+    """Raises ValueError naming ``hotness`` unless it is None, a number >= 0 or a dict of
+    them by feature name (the feature named where its value is wrong)."""
+    if isinstance(hotness, Mapping):
+        for name, value in hotness.items():
+            if value is not None and not _is_count(value):
+                raise ValueError(
+                    f"hotness of feature '{name}' must be a number >= 0. "
+                    f"Received: hotness={dict(hotness)!r}"
+                )
+    elif hotness is not None and not _is_count(hotness):
+        raise ValueError(
+            f"hotness must be a number >= 0 or a dict of them by feature. "
+            f"Received: hotness={hotness!r}"
+        )
+
+
+def ids_per_sample(feature: FeatureSpec, hotness=None) -> float:
+    """1 for a one-hot feature; for a multi-hot one its value in ``hotness`` (one number or
+    a dict by feature name), else :data:`DEFAULT_MULTI_HOT`."""
+    if not feature.multi_hot:
+        return 1.0
+    given = hotness.get(feature.name) if isinstance(hotness, Mapping) else hotness
+    return DEFAULT_MULTI_HOT if given is None else float(given)
+
+
+def _is_count(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0
