@@ -69,13 +69,13 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
         "single",
         "data-parallel",
         "bound/local-tables",
-        "horovod/memory_optimized",
-        "horovod/memory_optimized/no-validation",
-        "horovod/memory_optimized/no-ahead",
-        "horovod/memory_optimized/no-merge",
+        "horovod/work_balanced",
+        "horovod/work_balanced/no-validation",
+        "horovod/work_balanced/no-ahead",
+        "horovod/work_balanced/no-merge",
     }
-    assert set(rows) == ({"single", "horovod/memory_optimized"} if skip else expected)
-    single, mp = rows["single"], rows["horovod/memory_optimized"]
+    assert set(rows) == ({"single", "horovod/work_balanced"} if skip else expected)
+    single, mp = rows["single"], rows["horovod/work_balanced"]
     assert mp["x_single"] == pytest.approx(
         mp["warm_samples_per_second"] / single["warm_samples_per_second"]
     )
@@ -109,14 +109,14 @@ def test_bench_runs_every_baseline_and_reports_ratios(tmp_path, skip):
     assert parts["reports"]["distributed"]["pieces"]["step"]["calls"] == 5
     fit = parts["fit"]
     assert fit["loader"] >= 0 and fit["fit_median"] == pytest.approx(
-        rows["horovod/memory_optimized"]["warm_step_median"]
+        rows["horovod/work_balanced"]["warm_step_median"]
     )
     assert fit["train_step"] + fit["loader"] + fit["rest"] + fit["epoch_starts"] == pytest.approx(
         fit["fit_step"]
     )
     table = open(os.path.join(out, "bench.md"), encoding="utf-8").read()
     assert all(f"| {name} |" in table for name in rows)
-    assert "Step breakdown, horovod/memory_optimized, sgd" in table
+    assert "Step breakdown, horovod/work_balanced, sgd" in table
     assert "| rows backward and dense average (one all-to-all) |" in table
 
 

@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--max-table-rows", type=int, default=None)
     ap.add_argument("--optimizers", default="sgd,adagrad")
-    ap.add_argument("--strategies", default="memory_optimized")
+    ap.add_argument("--strategies", default="work_balanced")
     ap.add_argument(
         "--column-slice-threshold",
         type=int,
