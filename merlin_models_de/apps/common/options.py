@@ -231,7 +231,7 @@ def report_problem(problem: str, host_dependent: bool) -> None:
 def checked_arguments(option_parser, argv, check_options, check_host):
     """Parsed options, or None after reporting the first problem (options first, then what
     depends on the host), before TensorFlow loads. A command started from its command line
-    (``argv`` None) with ``--huge-pages`` on starts itself again on huge pages first
+    (``argv`` None) and without ``--no-huge-pages`` starts itself again on huge pages first
     (:mod:`.huge_pages`); one called with ``argv`` runs in its caller's process as it is."""
     quiet_imports()
     args = option_parser.parse_args(argv)
