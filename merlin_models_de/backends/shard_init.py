@@ -32,11 +32,14 @@ ELEMENTWISE = (
     tf.keras.initializers.RandomNormal,
     tf.keras.initializers.TruncatedNormal,
 )
-# A shard larger than this is drawn a block of rows at a time. Drawn whole, Keras' uniform
-# holds three shard-sized tensors at once (the draw, its scaling, its shift: 3.0x a 640 MB
-# shard's bytes measured, TF 2.12 CPU); on 4 ranks with one 30M-row table each that draw,
-# not the trained tables, set every rank's peak (docs/benchmarks.md, "Capacity").
-BLOCK_BYTES = 64 << 20
+# A shard whose draw is larger than this is drawn a block of rows at a time. Drawn whole,
+# Keras' uniform holds three shard-sized tensors at once (the draw, its scaling, its shift:
+# 3.0x a 640 MB shard's bytes measured, TF 2.12 CPU); on 4 ranks with one 30M-row table each
+# that draw, not the trained tables, set every rank's peak (docs/benchmarks.md, "Capacity").
+# Small, because where oneDNN is on TF's CPU allocator keeps what a block freed as its own
+# pool, resident for the rest of the run: on a 704 MB shard 64 MB blocks left 0.34 GiB
+# behind (0.52 GiB for its bfloat16 half, drawn in float32), 8 MB blocks 0.03 (0.06).
+BLOCK_BYTES = 8 << 20
 
 
 def _fan(shape, mode: str) -> float:
@@ -117,12 +120,13 @@ def for_shard(
 def row_blocks(initializer, shape, dtype, block_bytes: int | None = None):
     """``[(first row, rows, initializer)]`` that draw a shard of ``shape`` a block of rows at
     a time, each block from its own seed (derived from the shard's seed and the block's first
-    row); None when the shard is drawn whole: at most ``block_bytes``, an initializer that is
+    row); None when the shard is drawn whole: a draw (float32 for 16-bit rows) of at most
+    ``block_bytes``, an initializer that is
     not element-wise, or one without a seed (one process, where the draw is the one
     ``mm.Embeddings`` makes)."""
     block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
     rows, cols = (int(d) for d in shape)
-    row_bytes = cols * tf.as_dtype(dtype).size
+    row_bytes = cols * max(4, tf.as_dtype(dtype).size)  # 16-bit rows are drawn in float32
     seed = getattr(initializer, "seed", None)
     if rows * row_bytes <= block_bytes or not isinstance(initializer, ELEMENTWISE) or seed is None:
         return None

@@ -2,18 +2,27 @@
 search (``python -m merlin_models_de.apps.bench.capacity``) checks against the measured peak.
 
 A rank's peak is its runtime (TensorFlow, Merlin, Horovod, the dense layers and the input
-pipeline at the commands' batch: measured, not derived), its tables with their optimizer
+pipeline at the commands' batch: measured, not derived), plus its tables with their optimizer
 slots (row-wise Adagrad's: one value per row; tables stored in 16 bits take 2 bytes an
-element, their optimizer state stays float32) and, where a rank holds every table and Horovod averages their gradients (Merlin's
-data-parallel training: ``sparse_as_dense``), a dense gradient of every table and a quarter
-more for the allreduce's staging (fitted: 1.17-1.25 copies measured at 0.5x-1x Criteo). The
-block's gradients stay sparse (the rows a batch looked up): no table-sized term.
+element, their optimizer state stays float32), each large allocation resident at
+:data:`ALLOCATOR_OVERHEAD` above its bytes. Where a rank holds every table and Horovod
+averages their gradients (Merlin's data-parallel training: ``sparse_as_dense``), add
+:data:`DENSE_GRADIENT_COPIES` of the tables (the dense gradient, the allreduce's staging and
+what the allocator keeps of them). The block's gradients stay sparse (the rows a batch looked
+up): no table-sized term.
 
-Initialization can set the peak instead: a table drawn whole by Keras' uniform holds three
-copies of itself at once (``backends/shard_init.BLOCK_BYTES``), on top of the tables made
-before it. ``mm.Embeddings`` and one process draw tables whole; on several ranks the block
-draws a large shard a block of rows at a time (one copy and a block's temporaries). Before
-that, on 4 ranks with one 30M-row table each, every rank peaked at runtime + 3 copies of it.
+Where TensorFlow turns oneDNN on (x86 CPUs with AVX512-VNNI or newer), its CPU allocator keeps
+what a run frees as a pool of its own, resident until the process ends. A table drawn whole by
+Keras' uniform holds three copies of itself at once (``backends/shard_init.BLOCK_BYTES``), on
+top of the tables made before it, and part of what it freed stays:
+:data:`DRAWN_WHOLE_KEPT` of the largest such table for the rest of the run. ``mm.Embeddings``
+and one process draw tables whole; on several ranks the block draws a large shard 8 MB of rows
+at a time (one copy and a block's temporaries).
+
+The constants are fitted on the capacity searches' runs (docs/benchmarks.md, "Capacity"):
+every rank of every run that trained, on 2 and 4 ranks, float32 and 16-bit tables, Adagrad
+and row-wise Adagrad, within 3% (one process within 2%, data parallel's busiest rank within
+4%).
 """
 
 from __future__ import annotations
@@ -25,12 +34,17 @@ from merlin_models_de.planner.types import (
     row_slots,
 )
 
-# Fitted on the capacity search's one-process runs (docs/benchmarks.md, "Capacity"): the DLRM
-# command's peak RSS, TF 2.12 CPU, batch 512, 20 steps, less its tables with Adagrad's slots,
-# is 0.74 GiB at every scale (0.5x-3x Criteo); the sharded ranks' peaks then fall within 1%.
-RUNTIME_BYTES = int(0.74 * 2**30)
-# copies of the tables that allreducing their gradients dense adds (gradient + staging)
-DENSE_GRADIENT_COPIES = 1.25
+# Fitted on the capacity searches' runs (TF 2.12 CPU, oneDNN on, batch 512, 20 steps of the
+# DLRM command): what a rank holds besides its tables and their state, the same at every scale
+RUNTIME_BYTES = int(0.78 * 2**30)
+# resident bytes above a large allocation's own (fitted: 4.95%; one 704 MB variable alone
+# measured 4.7% for Adagrad's slot, 5.9% for a zero-filled table)
+ALLOCATOR_OVERHEAD = 0.05
+# copies of the tables that allreducing their gradients dense adds (gradient, staging and the
+# allocator's pool of them; fitted on the busiest rank at 0.5x and 0.75x Criteo: 2.4)
+DENSE_GRADIENT_COPIES = 2.4
+# of the largest table drawn whole, what the allocator keeps after the draw (fitted: 0.46)
+DRAWN_WHOLE_KEPT = 0.5
 
 
 def rank_peak_bytes(
@@ -42,20 +56,27 @@ def rank_peak_bytes(
     drawn_whole: int = 0,
     rows: int = 0,
     table_bytes: int | None = None,
+    overhead: float = ALLOCATOR_OVERHEAD,
 ) -> int:
     """Peak bytes of a rank holding ``elements`` table parameters in ``rows`` rows trained
-    with ``optimizer`` (its slots are copies, its row-wise state a value per row);
-    ``dense_gradients``: the tables' gradients are allreduced dense
-    (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the elements of the largest
-    table initialized in one draw (two more copies of it while drawn, the others made);
-    ``table_bytes``: bytes of a stored table element (2: 16-bit tables; None: ``dtype_bytes``,
-    which optimizer state and draws keep)."""
+    with ``optimizer`` (its slots are copies, its row-wise state a value per row), each
+    allocation ``overhead`` above its bytes; ``dense_gradients``: the tables' gradients are
+    allreduced dense (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the
+    elements of the largest table initialized in one draw (two more copies of it while drawn,
+    the others made; :data:`DRAWN_WHOLE_KEPT` of it after); ``table_bytes``: bytes of a
+    stored table element (2: 16-bit tables; None: ``dtype_bytes``, which optimizer state and
+    draws keep)."""
     stored = dtype_bytes if table_bytes is None else table_bytes
-    copies = optimizer_slots(optimizer) + (DENSE_GRADIENT_COPIES if dense_gradients else 0)
-    row_state = rows * row_slots(optimizer) * dtype_bytes
-    training = runtime + elements * stored + int(elements * dtype_bytes * copies) + row_state
-    initializing = runtime + elements * stored + 2 * drawn_whole * dtype_bytes
-    return max(training, initializing)
+    tables = elements * stored
+    state = (
+        elements * dtype_bytes * optimizer_slots(optimizer)
+        + rows * row_slots(optimizer) * dtype_bytes
+    )
+    dense = elements * dtype_bytes * DENSE_GRADIENT_COPIES if dense_gradients else 0
+    drawn = drawn_whole * dtype_bytes
+    training = (1 + overhead) * (tables + state) + dense + DRAWN_WHOLE_KEPT * drawn
+    initializing = (1 + overhead) * tables + 2 * drawn
+    return runtime + int(max(training, initializing))
 
 
 def plan_peak_bytes(
@@ -64,6 +85,7 @@ def plan_peak_bytes(
     dtype_bytes: int = 4,
     runtime: int = RUNTIME_BYTES,
     table_bytes: int | None = None,
+    overhead: float = ALLOCATOR_OVERHEAD,
 ) -> list[int]:
     """Predicted peak bytes of every rank of ``plan`` (the block's shards), in rank order
     (one process draws its tables whole, several ranks by blocks of rows); ``table_bytes``:
@@ -82,6 +104,7 @@ def plan_peak_bytes(
             drawn_whole=drawn_whole(rank),
             rows=sum(s.rows for s in plan.shards_on(rank)),
             table_bytes=table_bytes,
+            overhead=overhead,
         )
         + replicated_extra(plan, rank, dtype_bytes, table_bytes)
         for rank in range(plan.world_size)
@@ -100,7 +123,12 @@ def replicated_extra(plan, rank: int, dtype_bytes: int, table_bytes: int | None)
 
 
 def replicated_peak_bytes(
-    tables, optimizer: str, world_size: int = 1, dtype_bytes: int = 4, runtime: int = RUNTIME_BYTES
+    tables,
+    optimizer: str,
+    world_size: int = 1,
+    dtype_bytes: int = 4,
+    runtime: int = RUNTIME_BYTES,
+    overhead: float = ALLOCATOR_OVERHEAD,
 ) -> int:
     """Predicted peak bytes of a rank that holds every table whole (``mm.Embeddings``): one
     process, or each of ``world_size`` > 1 ranks of Merlin's data-parallel training.
@@ -115,4 +143,5 @@ def replicated_peak_bytes(
         runtime=runtime,
         drawn_whole=max(sizes, default=0),
         rows=sum(t.rows for t in tables),
+        overhead=overhead,
     )

@@ -11,7 +11,13 @@ from merlin_models_de import DistributedEmbeddings, RowWiseAdagrad
 from merlin_models_de.apps.tools.plan import busiest_elements, main, smallest_world_size
 from merlin_models_de.merlin.optimizers import slot_copies
 from merlin_models_de.planner import optimizer_slots, plan, row_slots
-from merlin_models_de.planner.memory import plan_peak_bytes, rank_peak_bytes, replicated_peak_bytes
+from merlin_models_de.planner.memory import (
+    DENSE_GRADIENT_COPIES,
+    DRAWN_WHOLE_KEPT,
+    plan_peak_bytes,
+    rank_peak_bytes,
+    replicated_peak_bytes,
+)
 from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import FeatureSpec, TableSpec, human_bytes, tables_from_schema
 from tests.schemas import cat
@@ -33,12 +39,17 @@ def test_the_state_is_a_value_per_row():
     assert row_slots("adagrad") == 0
     with pytest.raises(ValueError, match="Received: optimizer='rowwise'"):
         row_slots("rowwise")
-    assert rank_peak_bytes(1000, "rowwise_adagrad", runtime=0, rows=250) == (1000 + 250) * 4
-    assert rank_peak_bytes(1000, "adagrad", runtime=0, rows=250) == 2 * 1000 * 4
+    assert (
+        rank_peak_bytes(1000, "rowwise_adagrad", runtime=0, rows=250, overhead=0)
+        == (1000 + 250) * 4
+    )
+    assert rank_peak_bytes(1000, "adagrad", runtime=0, rows=250, overhead=0) == 2 * 1000 * 4
     # every table whole on each of 2 ranks (mm.Embeddings: element-wise Adagrad state, the
-    # block's row-wise state is not theirs), gradients allreduced dense (1.25 copies)
+    # block's row-wise state is not theirs), gradients allreduced dense, each table drawn whole
     four = tables(*[(100, 8)] * 4)
-    assert replicated_peak_bytes(four, "rowwise_adagrad", 2, runtime=0) == 3200 * 3.25 * 4
+    assert replicated_peak_bytes(four, "rowwise_adagrad", 2, runtime=0, overhead=0) == int(
+        3200 * (2 + DENSE_GRADIENT_COPIES) * 4 + DRAWN_WHOLE_KEPT * 800 * 4
+    )
 
 
 def test_a_plans_peaks_and_summary_count_each_ranks_rows():
@@ -53,7 +64,7 @@ def test_a_plans_peaks_and_summary_count_each_ranks_rows():
     kinds = {s.kind.value for s in p.shards}
     assert {"row_wise", "column_wise"} <= kinds, kinds
     want = [(p.rank_elements(r) + rows_on(p, r)) * 4 for r in range(2)]
-    assert plan_peak_bytes(p, "rowwise_adagrad", runtime=0) == want
+    assert plan_peak_bytes(p, "rowwise_adagrad", runtime=0, overhead=0) == want
     text = p.summary("rowwise_adagrad")
     assert "optimizer=rowwise_adagrad (+0 slot copies, +1 value per row)" in text
     for r in range(2):
@@ -63,7 +74,7 @@ def test_a_plans_peaks_and_summary_count_each_ranks_rows():
         assert line in text
     assert f"{human_bytes(sum(want))} with slots" in text
     # against Adagrad's copy of every element: the saving is elements - rows
-    adagrad = plan_peak_bytes(p, "adagrad", runtime=0)
+    adagrad = plan_peak_bytes(p, "adagrad", runtime=0, overhead=0)
     assert [a - w for a, w in zip(adagrad, want)] == [
         (p.rank_elements(r) - rows_on(p, r)) * 4 for r in range(2)
     ]
