@@ -31,6 +31,9 @@ class FeatureSpec:
         multi_hot: True for list / ragged features (several ids per sample).
         combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` for pooled multi-hot lookups; ``None``
             for one-hot features, and for multi-hot features returned un-pooled (3-D).
+        hotness: Ids per sample the schema declares for a multi-hot feature
+            (:func:`declared_hotness`); None where it declares none. The planner's estimates
+            read it (``planner/hotness.py``), so the block and the plan command place alike.
 
     Example:
         >>> FeatureSpec("genres", "genres", multi_hot=True, combiner="mean").combiner
@@ -41,6 +44,7 @@ class FeatureSpec:
     table: str
     multi_hot: bool = False
     combiner: str | None = None
+    hotness: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,22 @@ def embedding_columns(schema) -> list:
 def _dtype_name(column) -> str:
     element = getattr(column.dtype, "element_type", None)
     return getattr(element, "value", str(column.dtype))
+
+
+def declared_hotness(column) -> tuple[float | None, str | None]:
+    """``(ids per sample, which bound)`` a list column's schema declares: its
+    ``value_count``'s max, else its min (a lower bound); ``(None, None)`` without one.
+
+    Example:
+        >>> declared_hotness(schema["genres"])  # doctest: +SKIP
+        (5.0, 'max')
+    """
+    count = getattr(column, "value_count", None)
+    for end in ("max", "min"):
+        value = getattr(count, end, None) if count is not None else None
+        if value:
+            return float(value), end
+    return None, None
 
 
 def _rows_of(column) -> int:
@@ -256,12 +276,14 @@ def tables_from_schema(
                     )
         else:
             rows[table], dims[table], feats[table], first[table] = n_rows, width, [], col.name
+        multi = bool(col.is_list or col.is_ragged)
         feats[table].append(
             FeatureSpec(
                 col.name,
                 table,
-                bool(col.is_list or col.is_ragged),
+                multi,
                 _combiner_of(col, combiner, first[table]),
+                declared_hotness(col)[0] if multi else None,
             )
         )
     return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t])) for t in rows)

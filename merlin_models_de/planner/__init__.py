@@ -167,7 +167,8 @@ def plan(
         data_parallel_threshold: Tables with at most this many elements are replicated.
         batch_size, hotness, optimizer, link: The step ``work_balanced`` predicts: samples
             per rank, mean ids per sample of multi-hot features (one number or a dict by
-            feature; default ``hotness.DEFAULT_MULTI_HOT``), the optimizer whose slots the
+            feature; default: what the feature's schema declares, ``FeatureSpec.hotness``,
+            else ``hotness.DEFAULT_MULTI_HOT``), the optimizer whose slots the
             update writes, the link (and its device) of ``planner.cost.LINKS``. Other
             strategies ignore them; the plan does not record them.
         max_rank_elements: ``work_balanced``: embedding parameters a rank may hold (every

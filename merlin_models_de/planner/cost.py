@@ -287,7 +287,7 @@ def step_costs(
         features: The block's ordered features (default: every feature of the plan's
             tables, as the block orders them).
         hotness: Mean ids per sample of multi-hot features: one number for all, or a dict by
-            feature name; a feature without one counts
+            feature name; a feature without one counts what its schema declares, else
             :data:`~merlin_models_de.planner.hotness.DEFAULT_MULTI_HOT`
             (:func:`~merlin_models_de.planner.hotness.ids_per_sample`).
         dtype_bytes: Bytes per embedding / gradient element (4: float32).

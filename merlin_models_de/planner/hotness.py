@@ -4,10 +4,10 @@ collectives and bytes). Pure Python.
 
 ``hotness`` is one number for every multi-hot feature, a dict by feature name, or None. A
 one-hot feature reads 1 id a sample whatever is given. A multi-hot feature without a value
-(None, or missing from the dict) reads :data:`DEFAULT_MULTI_HOT`, in every estimate: the
-block places ``work_balanced`` without knowing its schema's ``value_count``, so the
-placement has to assume one, and the step and bytes predicted for that placement assume the
-same. The commands resolve ``--hotness`` and the schema's ``value_count`` first and say which
+(None, or missing from the dict) reads what its schema declares (``FeatureSpec.hotness``,
+the ``value_count`` that ``tables_from_schema`` read), else :data:`DEFAULT_MULTI_HOT`, in
+every estimate: the block places ``work_balanced`` from its tables alone, and the plan
+command, given the same schema and no ``--hotness``, places the same. The commands say which
 values they assumed (``apps/common/hotness.py``).
 
 Example:
@@ -15,6 +15,8 @@ Example:
     >>> m = FeatureSpec("m", "m", multi_hot=True, combiner="sum")
     >>> ids_per_sample(m, {"m": 2.5}), ids_per_sample(m, None), ids_per_sample(m, {})
     (2.5, 4.0, 4.0)
+    >>> ids_per_sample(FeatureSpec("m", "m", True, "sum", hotness=3.0), None)
+    3.0
     >>> ids_per_sample(FeatureSpec("a", "a"), 7)
     1.0
 """
@@ -25,8 +27,8 @@ from typing import Mapping
 
 from merlin_models_de.tables import FeatureSpec
 
-# Mean ids per sample of a multi-hot feature whose hotness is not given (the block does not
-# know its schema's value_count; the plan and cost commands read it from the schema).
+# Mean ids per sample of a multi-hot feature whose hotness neither the caller nor its schema
+# gives
 DEFAULT_MULTI_HOT = 4.0
 
 
@@ -49,10 +51,13 @@ def check_hotness(hotness) -> None:
 
 def ids_per_sample(feature: FeatureSpec, hotness=None) -> float:
     """1 for a one-hot feature; for a multi-hot one its value in ``hotness`` (one number or
-    a dict by feature name), else :data:`DEFAULT_MULTI_HOT`."""
+    a dict by feature name), else the one its schema declares, else
+    :data:`DEFAULT_MULTI_HOT`."""
     if not feature.multi_hot:
         return 1.0
     given = hotness.get(feature.name) if isinstance(hotness, Mapping) else hotness
+    if given is None:
+        given = feature.hotness
     return DEFAULT_MULTI_HOT if given is None else float(given)
 
 

@@ -3,6 +3,8 @@ cost model, the plan command): from ``--hotness``, else the schema's ``value_cou
 
 from __future__ import annotations
 
+from merlin_models_de.tables import declared_hotness
+
 
 def parse_hotness(text):
     """``'3'`` -> 3.0; ``'a=2,b=5.5'`` -> ``{'a': 2.0, 'b': 5.5}``; None -> None."""
@@ -25,12 +27,9 @@ def schema_hotness(schema, features) -> dict:
     out = {}
     for f in features:
         if f.multi_hot:
-            count = getattr(schema[f.name], "value_count", None)
-            for end in ("max", "min"):
-                value = getattr(count, end, None) if count is not None else None
-                if value:
-                    out[f.name] = (float(value), f"schema value_count.{end}")
-                    break
+            value, end = declared_hotness(schema[f.name])
+            if value is not None:
+                out[f.name] = (value, f"schema value_count.{end}")
     return out
 
 
