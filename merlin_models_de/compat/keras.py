@@ -1,9 +1,11 @@
 """Keras' private API: optimizer slot creation, layer-name counters, the seed generator
-of unseeded initializers and ``fit``'s cached validation data."""
+of unseeded initializers, ``fit``'s cached validation data, and the check in front of a
+plain Keras model's ``compile``."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 
 def creates_slots_per_variable(optimizer) -> bool:
@@ -216,3 +218,24 @@ class _WithDtype:
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_var"], name)
+
+
+def install_compile_check(check) -> None:
+    """Has ``tf.keras.Model.compile`` call ``check(model, optimizer)`` (the optimizer as
+    given) before it compiles anything, for models whose class keeps Keras' ``compile``:
+    Merlin's models have their own hook (``merlin_compat``), which runs before theirs calls
+    Keras'. A refusal raised by ``check`` leaves the model as it was. Idempotent."""
+    import tensorflow as tf
+
+    original = tf.keras.Model.compile
+    if getattr(original, "_mmde", False):
+        return
+
+    @functools.wraps(original)
+    def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Keras' name)
+        if type(self).compile is compile:  # not a Merlin model calling up to Keras
+            check(self, optimizer)
+        return original(self, optimizer, *args, **kwargs)
+
+    compile._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
+    tf.keras.Model.compile = compile

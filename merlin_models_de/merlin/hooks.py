@@ -257,9 +257,12 @@ def top_k_encoder_layer(model, candidates, k):
 
 
 def install() -> None:
-    """Installs :class:`MerlinHooks` and the tied-output translation into Merlin (idempotent;
-    inert for other models)."""
+    """Installs :class:`MerlinHooks` and the tied-output translation into Merlin, and the
+    16-bit tables' optimizer check into plain Keras models' ``compile`` (idempotent; inert
+    for models without the block)."""
     merlin_compat.install_merlin_hooks(MerlinHooks)
+    # plain Keras models holding the block: the same refusal of 16-bit tables' optimizers
+    keras_compat.install_compile_check(check_table_dtype)
     merlin_compat.install_output_hooks(_is_table_handle, _tie_to_handle)
     merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)
 

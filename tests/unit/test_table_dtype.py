@@ -182,6 +182,41 @@ def test_a_refused_compile_leaves_the_model_as_it_was():
     m.fit(x, y, batch_size=16, epochs=1, verbose=0)  # and trains with it
 
 
+class PlainRanker(tf.keras.Model):
+    """A plain Keras model around the block: no Merlin compile in front of Keras'."""
+
+    def __init__(self, table_dtype="bfloat16"):
+        super().__init__()
+        self.embeddings = DistributedEmbeddings(schema(), dim=4, table_dtype=table_dtype)
+        self.head = tf.keras.layers.Dense(1)
+
+    def call(self, features):
+        rows = self.embeddings(features)
+        return self.head(tf.concat([rows[name] for name in sorted(rows)], axis=1))
+
+
+def test_a_plain_keras_model_refuses_the_same_optimizers_before_compiling():
+    table = r"Table '\w+' of block '\w+' is stored in bfloat16 \(table_dtype='bfloat16'\)"
+    m = PlainRanker()
+    for optimizer, name in [("adam", "Adam"), (tf.keras.optimizers.legacy.SGD(0.1), "SGD")]:
+        with pytest.raises(ValueError, match=table + rf".*Received: optimizer={name}$"):
+            m.compile(optimizer=optimizer, loss="mse")
+        assert m.optimizer is None and m.compiled_loss is None  # never compiled
+    m.compile(optimizer=RowWiseAdagrad(0.1), loss="mse")
+    x, y = data()
+    m({k: tf.constant(v) for k, v in x.items()})  # built, so the tables can be read
+    tables = [w for w in m.embeddings.trainable_weights if w.dtype == tf.bfloat16]
+    before = [w.numpy().copy() for w in tables]
+    m.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert tables and all(w.dtype == tf.bfloat16 for w in tables)
+    assert any(not np.array_equal(b, w.numpy()) for b, w in zip(before, tables))  # trained
+    # float32 tables, and models without the block, compile with any optimizer
+    PlainRanker(table_dtype=None).compile(optimizer="adam", loss="mse")
+    dense = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    dense.compile(optimizer="sgd", loss="mse")
+    assert dense.optimizer is not None
+
+
 def test_trained_16_bit_tables_persist_in_16_bits(tmp_path):
     x, y = data()
     m = model()
