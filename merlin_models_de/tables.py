@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -78,13 +78,23 @@ class TableSpec:
         return self.elements * dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serializable dict; inverse of :meth:`from_dict`."""
-        return asdict(self)
+        """A JSON-serializable dict; inverse of :meth:`from_dict`. A feature's ``hotness``
+        is written only where its schema declared one, so the manifests of models without
+        one stay as installs before the field read them."""
+        out = asdict(self)
+        for feature in out["features"]:
+            if feature["hotness"] is None:
+                del feature["hotness"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TableSpec":
-        """Builds a TableSpec from :meth:`to_dict` output."""
-        feats = tuple(FeatureSpec(**f) for f in data["features"])
+        """Builds a TableSpec from :meth:`to_dict` output (keys a later version adds to a
+        feature are left out)."""
+        known = {f.name for f in fields(FeatureSpec)}
+        feats = tuple(
+            FeatureSpec(**{k: v for k, v in f.items() if k in known}) for f in data["features"]
+        )
         return cls(data["name"], int(data["rows"]), int(data["dim"]), feats)
 
 
@@ -127,7 +137,9 @@ def declared_hotness(column) -> tuple[float | None, str | None]:
     ``value_count``'s max, else its min (a lower bound); ``(None, None)`` without one.
 
     Example:
-        >>> declared_hotness(schema["genres"])  # doctest: +SKIP
+        >>> from merlin.schema import ColumnSchema
+        >>> genres = ColumnSchema("genres", is_list=True, properties={"value_count": {"max": 5}})
+        >>> declared_hotness(genres)
         (5.0, 'max')
     """
     count = getattr(column, "value_count", None)
@@ -283,7 +295,7 @@ def tables_from_schema(
                 table,
                 multi,
                 _combiner_of(col, combiner, first[table]),
-                declared_hotness(col)[0] if multi else None,
+                hotness=declared_hotness(col)[0] if multi else None,
             )
         )
     return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t])) for t in rows)

@@ -36,7 +36,7 @@ ELEMENTWISE = (
 # Keras' uniform holds three shard-sized tensors at once (the draw, its scaling, its shift:
 # 3.0x a 640 MB shard's bytes measured, TF 2.12 CPU); on 4 ranks with one 30M-row table each
 # that draw, not the trained tables, set every rank's peak (docs/benchmarks.md, "Capacity").
-# Small, because where oneDNN is on TF's CPU allocator keeps what a block freed as its own
+# Small, because where oneDNN is on, TF's CPU allocator keeps what a block freed as its own
 # pool, resident for the rest of the run: on a 704 MB shard 64 MB blocks left 0.34 GiB
 # behind (0.52 GiB for its bfloat16 half, drawn in float32), 8 MB blocks 0.03 (0.06).
 BLOCK_BYTES = 8 << 20
@@ -120,13 +120,12 @@ def for_shard(
 def row_blocks(initializer, shape, dtype, block_bytes: int | None = None):
     """``[(first row, rows, initializer)]`` that draw a shard of ``shape`` a block of rows at
     a time, each block from its own seed (derived from the shard's seed and the block's first
-    row); None when the shard is drawn whole: a draw (float32 for 16-bit rows) of at most
-    ``block_bytes``, an initializer that is
-    not element-wise, or one without a seed (one process, where the draw is the one
-    ``mm.Embeddings`` makes)."""
+    row); None when the shard is drawn whole: a draw (in :func:`drawn_dtype`) of at most
+    ``block_bytes``, an initializer that is not element-wise, or one without a seed (one
+    process, where the draw is the one ``mm.Embeddings`` makes)."""
     block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
     rows, cols = (int(d) for d in shape)
-    row_bytes = cols * max(4, tf.as_dtype(dtype).size)  # 16-bit rows are drawn in float32
+    row_bytes = cols * drawn_dtype(dtype).size
     seed = getattr(initializer, "seed", None)
     if rows * row_bytes <= block_bytes or not isinstance(initializer, ELEMENTWISE) or seed is None:
         return None
@@ -152,14 +151,21 @@ def fill_by_rows(variable, blocks) -> None:
             variable.scatter_update(tf.IndexedSlices(values, tf.range(first, first + rows)))
 
 
+def drawn_dtype(dtype) -> tf.DType:
+    """The dtype a table stored in ``dtype`` is drawn in: float32 for 16-bit tables (the
+    draw a float32 table gets, whatever the storage), else ``dtype``."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float32 if dtype.size == 2 else dtype
+
+
 def drawn_wide(initializer):
     """``initializer`` for a variable of any dtype: a 16-bit table's rows are drawn in
-    float32 and rounded once (the draw a float32 table gets, whatever the storage)."""
+    float32 (:func:`drawn_dtype`) and rounded once."""
 
     def draw(shape, dtype=None, **kwargs):
         dtype = tf.as_dtype(dtype or tf.float32)
-        if dtype.size != 2:
-            return initializer(shape, dtype=dtype, **kwargs)
-        return tf.cast(initializer(shape, dtype=tf.float32, **kwargs), dtype)
+        wide = drawn_dtype(dtype)
+        values = initializer(shape, dtype=wide, **kwargs)
+        return values if wide == dtype else tf.cast(values, dtype)
 
     return draw

@@ -28,7 +28,7 @@ from typing import Mapping
 from merlin_models_de.tables import FeatureSpec
 
 # Mean ids per sample of a multi-hot feature whose hotness neither the caller nor its schema
-# gives
+# gives.
 DEFAULT_MULTI_HOT = 4.0
 
 

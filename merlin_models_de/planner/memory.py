@@ -4,8 +4,8 @@ search (``python -m merlin_models_de.apps.bench.capacity``) checks against the m
 A rank's peak is its runtime (TensorFlow, Merlin, Horovod, the dense layers and the input
 pipeline at the commands' batch: measured, not derived), plus its tables with their optimizer
 slots (row-wise Adagrad's: one value per row; tables stored in 16 bits take 2 bytes an
-element, their optimizer state stays float32), each large allocation resident at
-:data:`ALLOCATOR_OVERHEAD` above its bytes. Where a rank holds every table and Horovod
+element, their optimizer state stays float32), resident :data:`ALLOCATOR_OVERHEAD` above
+their bytes. Where a rank holds every table and Horovod
 averages their gradients (Merlin's data-parallel training: ``sparse_as_dense``), add
 :data:`DENSE_GRADIENT_COPIES` of the tables (the dense gradient, the allreduce's staging and
 what the allocator keeps of them). The block's gradients stay sparse (the rows a batch looked
@@ -16,13 +16,13 @@ what a run frees as a pool of its own, resident until the process ends. A table 
 Keras' uniform holds three copies of itself at once (``backends/shard_init.BLOCK_BYTES``), on
 top of the tables made before it, and part of what it freed stays:
 :data:`DRAWN_WHOLE_KEPT` of the largest such table for the rest of the run. ``mm.Embeddings``
-and one process draw tables whole; on several ranks the block draws a large shard 8 MB of rows
-at a time (one copy and a block's temporaries).
+and one process draw tables whole; on several ranks the block draws a large shard a block of
+rows at a time (one copy and a block's temporaries).
 
 The constants are fitted on the capacity searches' runs (docs/benchmarks.md, "Capacity"):
-every rank of every run that trained, on 2 and 4 ranks, float32 and 16-bit tables, Adagrad
-and row-wise Adagrad, within 3% (one process within 2%, data parallel's busiest rank within
-4%).
+every rank of every sharded run that trained (2 and 4 ranks, float32 and 16-bit tables,
+Adagrad and row-wise Adagrad) within 3%, one process within 2%, data parallel's busiest rank
+within 3.3% (its other rank, holding the same, peaked up to 21% lower).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def plan_peak_bytes(
             table_bytes=table_bytes,
             overhead=overhead,
         )
-        + replicated_extra(plan, rank, dtype_bytes, table_bytes)
+        + int((1 + overhead) * replicated_extra(plan, rank, dtype_bytes, table_bytes))
         for rank in range(plan.world_size)
     ]
 

@@ -94,12 +94,13 @@ def test_the_model_predicts_the_published_capacity_runs():
     """Every rank of every run of the published capacity searches that trained: predicted
     within 5% (data parallel: its busiest rank; its other rank, holding the same, peaked
     up to 21% lower: where the allocator's pool of the dense gradients lands varies)."""
-    args = type("Args", (), dict(dim=16, optimizer="adagrad", strategy="memory_optimized"))
     checked = 0
     for name in ("capacity", "capacity-16-bit", "capacity-4-ranks"):
         published = json.loads((ROOT / "bench" / f"{name}.json").read_text())
+        options = {k: published["config"][k] for k in ("dim", "optimizer", "strategy")}
+        args = type("Args", (), options)
         for row in published["rows"]:
-            (config,) = capacity.configurations(row["config"], 2, "adagrad")
+            (config,) = capacity.configurations(row["config"], 2, options["optimizer"])
             for run in row["runs"]:
                 if not run["ok"]:
                     continue

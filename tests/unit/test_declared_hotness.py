@@ -45,7 +45,7 @@ def test_a_list_feature_carries_the_ids_per_sample_its_schema_declares():
 def test_the_declared_hotness_places_and_prices_as_if_given():
     def tables(declared):
         return [
-            TableSpec("t0", 20000, 8, (FeatureSpec("t0", "t0", True, "sum", declared),)),
+            TableSpec("t0", 20000, 8, (FeatureSpec("t0", "t0", True, "sum", hotness=declared),)),
             TableSpec("t1", 1000, 8, (FeatureSpec("t1", "t1", True, "sum"),)),
             TableSpec("t2", 5000, 8, (FeatureSpec("t2", "t2"),)),
             TableSpec("t3", 1000, 8, (FeatureSpec("t3", "t3"),)),
@@ -69,10 +69,18 @@ def test_the_declared_hotness_places_and_prices_as_if_given():
 def test_a_plan_round_trips_the_declared_hotness_and_reads_plans_without_it():
     from merlin_models_de.planner.types import ShardingPlan
 
-    p = plan([TableSpec("t", 100, 4, (FeatureSpec("t", "t", True, "sum", 6.0),))], 2)
+    declared = FeatureSpec("t", "t", True, "sum", hotness=6.0)
+    p = plan(
+        [TableSpec("t", 100, 4, (declared,)), TableSpec("u", 100, 4, (FeatureSpec("u", "u"),))], 2
+    )
     assert ShardingPlan.from_dict(p.to_dict()) == p
-    older = p.to_dict()  # a manifest written before FeatureSpec had a hotness
-    for table in older["tables"]:
-        for feature in table["features"]:
-            del feature["hotness"]
-    assert ShardingPlan.from_dict(older).tables[0].features[0].hotness is None
+    written = p.to_dict()
+    # written only where declared: without one, a manifest reads as before the field
+    assert [list(t["features"][0]) for t in written["tables"]] == [
+        ["name", "table", "multi_hot", "combiner", "hotness"],
+        ["name", "table", "multi_hot", "combiner"],
+    ]
+    del written["tables"][0]["features"][0]["hotness"]  # a manifest from before the field
+    written["tables"][1]["features"][0]["later"] = 1  # or a key a later version adds
+    tables = ShardingPlan.from_dict(written).tables
+    assert [t.features[0].hotness for t in tables] == [None, None]
