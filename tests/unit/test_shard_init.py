@@ -133,9 +133,9 @@ def test_drawing_by_blocks_holds_one_copy_of_a_large_shard(tmp_path):
     otherwise hide what follows).
 
     Where TF turns oneDNN on (x86 CPUs with AVX512-VNNI or newer), its CPU allocator keeps
-    freed blocks in a pool, so the blocks' temporaries stay resident (measured 1.70x with
-    64 MB blocks against 3.23x whole): the draw is measured with oneDNN off (the plain
-    allocator returns what is freed) and with the default."""
+    freed blocks in a pool, so the blocks' temporaries stay resident (1.70x with 64 MB
+    blocks, 3.23x whole): the draw is measured with oneDNN off (the plain allocator returns
+    what is freed) and with the default, both at most 1.25x."""
     import subprocess
     import sys
 
