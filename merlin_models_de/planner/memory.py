@@ -5,10 +5,9 @@ A rank's peak is its runtime (TensorFlow, Merlin, Horovod, the dense layers and 
 pipeline at the commands' batch: measured, not derived), plus its tables with their optimizer
 slots (row-wise Adagrad's: one value per row; tables stored in 16 bits take 2 bytes an
 element, their optimizer state stays float32), resident :data:`ALLOCATOR_OVERHEAD` above
-their bytes. Where a rank holds every table and Horovod
-averages their gradients (Merlin's data-parallel training: ``sparse_as_dense``), add
-:data:`DENSE_GRADIENT_COPIES` of the tables (the dense gradient, the allreduce's staging and
-what the allocator keeps of them). The block's gradients stay sparse (the rows a batch looked
+their bytes. Where a rank holds every table and Horovod averages their gradients (Merlin's
+data-parallel training: ``sparse_as_dense``), add :data:`DENSE_GRADIENT_COPIES` of the
+tables (the dense gradient, the allreduce's staging and what the allocator keeps of them). The block's gradients stay sparse (the rows a batch looked
 up): no table-sized term.
 
 Where TensorFlow turns oneDNN on (x86 CPUs with AVX512-VNNI or newer), its CPU allocator keeps
@@ -59,8 +58,8 @@ def rank_peak_bytes(
     overhead: float = ALLOCATOR_OVERHEAD,
 ) -> int:
     """Peak bytes of a rank holding ``elements`` table parameters in ``rows`` rows trained
-    with ``optimizer`` (its slots are copies, its row-wise state a value per row), each
-    allocation ``overhead`` above its bytes; ``dense_gradients``: the tables' gradients are
+    with ``optimizer`` (its slots are copies, its row-wise state a value per row), tables
+    and state resident ``overhead`` above their bytes; ``dense_gradients``: the tables' gradients are
     allreduced dense (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the
     elements of the largest table initialized in one draw (two more copies of it while drawn,
     the others made; :data:`DRAWN_WHOLE_KEPT` of it after); ``table_bytes``: bytes of a
