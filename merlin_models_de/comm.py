@@ -80,8 +80,12 @@ def _launched_by_horovod() -> bool:
     return any(v in os.environ for v in _LAUNCH_VARS)
 
 
-def hvd():
-    """The ``horovod.tensorflow`` module, initialized; None in a plain single process."""
+def hvd(defaults=None):
+    """The ``horovod.tensorflow`` module, initialized; None in a plain single process.
+
+    ``defaults``: Horovod's environment variables (name -> value) to start it with where it
+    starts here and the user has not set them; Horovod reads them once, at its start.
+    """
     if _SINGLE:
         return None
     if not _launched_by_horovod():
@@ -93,6 +97,8 @@ def hvd():
     import horovod.tensorflow as h
 
     if not h.is_initialized():
+        for name, value in (defaults or {}).items():
+            os.environ.setdefault(name, value)
         before = _thread_ids()
         h.init()  # returns once its loop and transport threads run
         _HOROVOD_THREADS[:] = sorted(_thread_ids() - before)

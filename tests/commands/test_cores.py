@@ -31,9 +31,13 @@ def test_each_rank_gets_an_equal_disjoint_share_of_the_cores(
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
-def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank():
+@pytest.mark.parametrize("user_cycle", [None, "3"])
+def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank(user_cycle):
     """On 2 real ranks: the threads Horovod's init started (and only those) run at
-    SCHED_BATCH after the command's thread setup, and the ranks' collectives still work."""
+    SCHED_BATCH after the command's thread setup, Horovod started with the shorter cycle
+    (the user's own HOROVOD_CYCLE_TIME kept), and the ranks' collectives still work."""
+    from merlin_models_de.apps.common.cores import DEMOTED_CYCLE_TIME_MS
+
     code = (
         "import json, os\n"
         "from merlin_models_de import comm\n"
@@ -46,8 +50,11 @@ def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank():
         "          for t in os.listdir('/proc/self/task')}\n"
         "print('POLICIES', json.dumps({'total': total, 'horovod': sorted({policy[t] for t in "
         "ours}), 'count': len(ours), 'others': sorted({p for t, p in policy.items() "
-        "if t not in ours})}))"
+        "if t not in ours}), 'cycle': os.environ.get('HOROVOD_CYCLE_TIME')}))"
     )
+    env = {k: v for k, v in ENV.items() if k != "HOROVOD_CYCLE_TIME"}
+    if user_cycle:
+        env["HOROVOD_CYCLE_TIME"] = user_cycle
     run = subprocess.run(
         [
             HOROVODRUN,
@@ -65,7 +72,7 @@ def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank():
         capture_output=True,
         text=True,
         timeout=300,
-        env=ENV,
+        env=env,
         check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -82,6 +89,7 @@ def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank():
             "horovod": [os.SCHED_BATCH],
             "count": report["count"],
             "others": [os.SCHED_OTHER],
+            "cycle": user_cycle or DEMOTED_CYCLE_TIME_MS,
         }
 
 

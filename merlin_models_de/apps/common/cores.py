@@ -15,6 +15,10 @@ from merlin_models_de import comm
 
 # no wake-up preemption (see demote_horovod_threads); None where the OS has no such policy
 _HOROVOD_POLICY = getattr(os, "SCHED_BATCH", None)
+# Horovod's coordination cycle (HOROVOD_CYCLE_TIME, ms) where its threads run at that policy:
+# each exchange waits for the loop's next cycle, and the shorter cycle's extra wake-ups no
+# longer preempt the compute (docs/design.md, "Measured decisions")
+DEMOTED_CYCLE_TIME_MS = "0.2"
 
 
 def core_share(allowed, local_rank: int, local_size: int) -> list[int] | None:
@@ -59,10 +63,14 @@ def demote_horovod_threads() -> int:
     preemptions a second, system CPU time 0.009 s per 1000 samples on 2 bound ranks against
     0.002 after the move (docs/benchmarks.md). ``SCHED_BATCH`` keeps the threads' fair share
     of the core (they never starve: an exchange still completes while compute runs) and only
-    drops the wake-up preemption. Not where TensorFlow sees a GPU: there the loop launches
-    the GPU's collectives and its wake-up latency is on the step's critical path.
+    drops the wake-up preemption. So Horovod starts here with a shorter cycle,
+    :data:`DEMOTED_CYCLE_TIME_MS`, unless the user set ``HOROVOD_CYCLE_TIME`` or Horovod
+    already runs. Not where TensorFlow sees a GPU: there the loop launches the GPU's
+    collectives and its wake-up latency is on the step's critical path.
     """
-    if _HOROVOD_POLICY is None or comm.hvd() is None or tf.config.list_physical_devices("GPU"):
+    if _HOROVOD_POLICY is None or tf.config.list_physical_devices("GPU"):
+        return 0
+    if comm.hvd(defaults={"HOROVOD_CYCLE_TIME": DEMOTED_CYCLE_TIME_MS}) is None:
         return 0
     moved = 0
     for tid in comm.horovod_threads():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -146,6 +147,8 @@ class EpochReport(tf.keras.callbacks.Callback):
             "options": vars(self.args),
             "world_size": comm.size(),
             "cpu_threads": self.threads,
+            # what Horovod started with (None: its 1 ms default; apps/common/cores.py)
+            "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME") if comm.hvd() else None,
             "backend": getattr(self.block, "backend_name", "mm.Embeddings"),
             "steps_per_epoch": self.steps,
             "global_batch": self.global_batch,
