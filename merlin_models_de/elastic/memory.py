@@ -13,7 +13,9 @@ A rank's peak in a reset, over what it holds before (the old model is freed firs
   buffer a streaming restore reads (``restore_checkpoint(..., all_or_nothing=False)``) and its
   conversion to a tensor when assigned (two copies: measured, tests/unit/test_elastic_memory.py);
 - or, while initializing, its tables plus two more copies of the largest table a single rank
-  draws whole (Keras' uniform; ``planner/memory.py``).
+  draws whole (Keras' uniform; ``planner/memory.py``);
+- the restored parts resident ``ALLOCATOR_OVERHEAD`` above their bytes, as in the plan's
+  memory model (``planner/memory.py``).
 
 Example:
     >>> need = reset_peak_bytes(manifest, world_size=1)            # doctest: +SKIP
@@ -28,6 +30,7 @@ import os
 import numpy as np
 
 from merlin_models_de import planner
+from merlin_models_de.planner.memory import ALLOCATOR_OVERHEAD
 from merlin_models_de.tables import human_bytes
 
 # the largest world size the advice in the refusal looks for (re-planning is cheap up to here;
@@ -41,9 +44,10 @@ def _replanned(block, world_size: int):
     return planner.plan(saved.tables, world_size, saved.strategy, **dict(saved.options))
 
 
-def reset_peak_bytes(manifest, world_size: int) -> list[int]:
+def reset_peak_bytes(manifest, world_size: int, overhead: float = ALLOCATOR_OVERHEAD) -> list[int]:
     """Predicted bytes each rank of ``world_size`` adds in a reset from ``manifest``'s commit
-    (see the module doc), in rank order."""
+    (see the module doc), in rank order; restored parts resident ``overhead`` above their
+    bytes."""
     restored = [0] * world_size
     tables = [0] * world_size
     buffer = [0] * world_size
@@ -59,8 +63,9 @@ def reset_peak_bytes(manifest, world_size: int) -> list[int]:
                 buffer[rank] = max(buffer[rank], max(sizes))
                 if world_size == 1:
                     largest_drawn[rank] = max(largest_drawn[rank], sizes[0])
+    kept = 1 + overhead
     return [
-        max(restored[r] + 2 * buffer[r], tables[r] + 2 * largest_drawn[r])
+        math.ceil(max(restored[r] * kept + 2 * buffer[r], tables[r] * kept + 2 * largest_drawn[r]))
         for r in range(world_size)
     ]
 

@@ -2,6 +2,7 @@
 (merlin_models_de.elastic.memory) and the measured peak of a real reset."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,18 +47,31 @@ def test_the_prediction_counts_slots_the_restore_buffer_and_a_table_drawn_whole(
     tables = BIG + SMALL + TINY
     # one rank: the tables with their slot, and the largest part twice while it is read and
     # converted; a table drawn whole (two more copies of it) is less here
-    assert reset_peak_bytes(_manifest(), 1) == [2 * tables + 2 * BIG]
-    assert reset_peak_bytes(_manifest(slots=()), 1) == [tables + 2 * BIG]
+    assert reset_peak_bytes(_manifest(), 1, overhead=0) == [2 * tables + 2 * BIG]
+    assert reset_peak_bytes(_manifest(slots=()), 1, overhead=0) == [tables + 2 * BIG]
     # two ranks (memory_balanced, largest first: big on rank 0, small and tiny on rank 1)
-    assert reset_peak_bytes(_manifest(), 2) == [4 * BIG, 2 * (SMALL + TINY) + 2 * SMALL]
+    assert reset_peak_bytes(_manifest(), 2, overhead=0) == [4 * BIG, 2 * (SMALL + TINY) + 2 * SMALL]
+
+
+def test_restored_parts_are_resident_the_allocators_overhead_above_their_bytes():
+    """As the plan's memory model (planner/memory.py): TF's allocator keeps about 5% above a
+    large allocation's bytes; the restore's buffers are not counted twice."""
+    tables = BIG + SMALL + TINY
+    assert reset_peak_bytes(_manifest(), 1) == [math.ceil(2 * tables * 1.05) + 2 * BIG]
+    assert reset_peak_bytes(_manifest(), 2, overhead=0.1) == [
+        math.ceil(2 * BIG * 1.1) + 2 * BIG,
+        math.ceil(2 * (SMALL + TINY) * 1.1) + 2 * SMALL,
+    ]
 
 
 def test_the_prediction_counts_per_row_state_a_column_wide_and_replicas_on_every_rank():
     rows = (1_000_000 + 1_000 + 10) * 4  # one float per row of each table
-    assert reset_peak_bytes(_manifest(per_row=True), 1) == [BIG + SMALL + TINY + rows + 2 * BIG]
+    assert reset_peak_bytes(_manifest(per_row=True), 1, overhead=0) == [
+        BIG + SMALL + TINY + rows + 2 * BIG
+    ]
     # the commit's own options re-plan the new world: tiny (40 elements) replicated
     replicated = _manifest(per_row=True, options={"data_parallel_threshold": 40})
-    two = reset_peak_bytes(replicated, 2)
+    two = reset_peak_bytes(replicated, 2, overhead=0)
     assert two == [BIG + 4_000_000 + TINY + 40 + 2 * BIG, SMALL + 4_000 + TINY + 40 + 2 * SMALL]
 
 
@@ -67,8 +81,8 @@ def test_a_reset_that_cannot_fit_is_refused_naming_the_need_and_the_ranks_that_w
     assert reset_problem(_manifest(), 1, 0, 1, available=None) is None  # unknown: not checked
     problem = reset_problem(_manifest(), 1, rank=0, ranks_on_host=1, available=need // 2)
     assert problem == (
-        "An elastic reset to 1 rank(s) would need 976.7 MiB on rank 0 (its share of the "
-        "tables with their optimizer slots, as committed at step 40), more than the 488.3 MiB "
+        "An elastic reset to 1 rank(s) would need 1001.1 MiB on rank 0 (its share of the "
+        "tables with their optimizer slots, as committed at step 40), more than the 500.6 MiB "
         "of memory available to each of the 1 rank(s) on its host: the job stops rather than "
         "be killed part-way. The commit /ckpt/step-40 is intact; resume it on more ranks: at "
         "least 4 ranks, 1 a host with memory like this one, would fit (horovodrun --min-np 4 "
