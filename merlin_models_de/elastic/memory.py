@@ -14,8 +14,8 @@ A rank's peak in a reset, over what it holds before (the old model is freed firs
   conversion to a tensor when assigned (two copies: measured, tests/unit/test_elastic_memory.py);
 - or, while initializing, its tables plus two more copies of the largest table a single rank
   draws whole (Keras' uniform; ``planner/memory.py``);
-- the restored parts resident ``ALLOCATOR_OVERHEAD`` above their bytes, as in the plan's
-  memory model (``planner/memory.py``).
+- either way its tables and slots resident ``ALLOCATOR_OVERHEAD`` above their bytes, as in
+  the plan's memory model (``planner/memory.py``).
 
 Example:
     >>> need = reset_peak_bytes(manifest, world_size=1)            # doctest: +SKIP

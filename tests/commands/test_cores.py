@@ -31,13 +31,14 @@ def test_each_rank_gets_an_equal_disjoint_share_of_the_cores(
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
-@pytest.mark.parametrize("user_cycle", [None, "3"])
-def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank(user_cycle):
+@pytest.mark.parametrize(
+    "user_env, cycle",
+    [({}, "0.2"), ({"HOROVOD_CYCLE_TIME": "3"}, "3"), ({"HOROVOD_AUTOTUNE": "1"}, None)],
+)
+def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank(user_env, cycle):
     """On 2 real ranks: the threads Horovod's init started (and only those) run at
     SCHED_BATCH after the command's thread setup, Horovod started with the shorter cycle
-    (the user's own HOROVOD_CYCLE_TIME kept), and the ranks' collectives still work."""
-    from merlin_models_de.apps.common.cores import DEMOTED_CYCLE_TIME_MS
-
+    unless the user set one or asked Horovod to tune it, and the collectives still work."""
     code = (
         "import json, os\n"
         "from merlin_models_de import comm\n"
@@ -52,9 +53,8 @@ def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank(user_cycle
         "ours}), 'count': len(ours), 'others': sorted({p for t, p in policy.items() "
         "if t not in ours}), 'cycle': os.environ.get('HOROVOD_CYCLE_TIME')}))"
     )
-    env = {k: v for k, v in ENV.items() if k != "HOROVOD_CYCLE_TIME"}
-    if user_cycle:
-        env["HOROVOD_CYCLE_TIME"] = user_cycle
+    env = {k: v for k, v in ENV.items() if k not in ("HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")}
+    env.update(user_env)
     run = subprocess.run(
         [
             HOROVODRUN,
@@ -89,7 +89,7 @@ def test_horovods_threads_stop_preempting_the_compute_of_a_bound_rank(user_cycle
             "horovod": [os.SCHED_BATCH],
             "count": report["count"],
             "others": [os.SCHED_OTHER],
-            "cycle": user_cycle or DEMOTED_CYCLE_TIME_MS,
+            "cycle": cycle,
         }
 
 

@@ -64,13 +64,16 @@ def demote_horovod_threads() -> int:
     0.002 after the move (docs/benchmarks.md). ``SCHED_BATCH`` keeps the threads' fair share
     of the core (they never starve: an exchange still completes while compute runs) and only
     drops the wake-up preemption. So Horovod starts here with a shorter cycle,
-    :data:`DEMOTED_CYCLE_TIME_MS`, unless the user set ``HOROVOD_CYCLE_TIME`` or Horovod
-    already runs. Not where TensorFlow sees a GPU: there the loop launches the GPU's
+    :data:`DEMOTED_CYCLE_TIME_MS`, unless the user set ``HOROVOD_CYCLE_TIME``, asked Horovod
+    to tune it (``HOROVOD_AUTOTUNE``: a cycle set in the environment is one it keeps fixed) or
+    Horovod already runs. Not where TensorFlow sees a GPU: there the loop launches the GPU's
     collectives and its wake-up latency is on the step's critical path.
     """
     if _HOROVOD_POLICY is None or tf.config.list_physical_devices("GPU"):
         return 0
-    if comm.hvd(defaults={"HOROVOD_CYCLE_TIME": DEMOTED_CYCLE_TIME_MS}) is None:
+    tuned = os.environ.get("HOROVOD_AUTOTUNE", "0") not in ("", "0")
+    defaults = {} if tuned else {"HOROVOD_CYCLE_TIME": DEMOTED_CYCLE_TIME_MS}
+    if comm.hvd(defaults=defaults) is None:
         return 0
     moved = 0
     for tid in comm.horovod_threads():

@@ -147,8 +147,8 @@ class EpochReport(tf.keras.callbacks.Callback):
             "options": vars(self.args),
             "world_size": comm.size(),
             "cpu_threads": self.threads,
-            # what Horovod started with (None: its 1 ms default; apps/common/cores.py)
-            "horovod_cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME") if comm.hvd() else None,
+            # what Horovod started with (None: its own, 1 ms or tuned; apps/common/cores.py)
+            "horovod_cycle_time_ms": _cycle_time_ms() if comm.hvd() else None,
             "backend": getattr(self.block, "backend_name", "mm.Embeddings"),
             "steps_per_epoch": self.steps,
             "global_batch": self.global_batch,
@@ -191,6 +191,15 @@ def steal_share(epochs: list) -> float | None:
         total = sum(ranks[rank][1] for ranks in per_rank)
         shares.append(stolen / total if total else 0.0)
     return max(shares)
+
+
+def _cycle_time_ms() -> float | None:
+    """The ``HOROVOD_CYCLE_TIME`` Horovod started with, or None (its own)."""
+    value = os.environ.get("HOROVOD_CYCLE_TIME")
+    try:
+        return float(value) if value else None
+    except ValueError:  # Horovod reads what strtof makes of it; the report says nothing
+        return None
 
 
 def _spread(seconds: list) -> dict | None:
