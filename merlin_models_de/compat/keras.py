@@ -1,6 +1,6 @@
 """Keras' private API: optimizer slot creation, layer-name counters, the seed generator
-of unseeded initializers, ``fit``'s cached validation data, and the check in front of a
-plain Keras model's ``compile``."""
+of unseeded initializers, ``fit``'s cached validation data, and the checks in front of a
+plain Keras model's ``compile`` and of Keras' optimizers' ``apply_gradients``."""
 
 from __future__ import annotations
 
@@ -218,6 +218,31 @@ class _WithDtype:
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_var"], name)
+
+
+def install_apply_check(check) -> None:
+    """Has Keras' optimizers (new-style and legacy, and every subclass that does not replace
+    ``apply_gradients`` without calling it) call ``check(optimizer, variables)`` with the
+    variables an ``apply_gradients`` call is about to update, before it updates anything: at
+    trace time inside a ``tf.function``, so custom loops are checked too. Idempotent."""
+    import tensorflow as tf
+
+    for base in (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer):
+        original = base.apply_gradients
+        if getattr(original, "_mmde", False):
+            continue
+        base.apply_gradients = _checked_apply(original, check)
+
+
+def _checked_apply(original, check):
+    @functools.wraps(original)
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)  # often a zip: read once here, once by Keras
+        check(self, [v for _, v in grads_and_vars])
+        return original(self, grads_and_vars, *args, **kwargs)
+
+    apply_gradients._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
+    return apply_gradients
 
 
 def install_compile_check(check) -> None:

@@ -55,6 +55,7 @@ from merlin_models_de.merlin.id_report import report_for
 from merlin_models_de.merlin.input import rank_loader
 from merlin_models_de.merlin.optimizers import (
     check_table_dtype,
+    check_updated_tables,
     distributed,
     is_multi_optimizer,
     slot_copies,
@@ -263,6 +264,8 @@ def install() -> None:
     merlin_compat.install_merlin_hooks(MerlinHooks)
     # plain Keras models holding the block: the same refusal of 16-bit tables' optimizers
     keras_compat.install_compile_check(check_table_dtype)
+    # and loops that apply gradients themselves, when the optimizer updates a 16-bit table
+    keras_compat.install_apply_check(check_updated_tables)
     merlin_compat.install_output_hooks(_is_table_handle, _tie_to_handle)
     merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)
 

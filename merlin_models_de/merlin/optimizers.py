@@ -175,6 +175,25 @@ def check_table_dtype(model, optimizer) -> None:
         )
 
 
+def check_updated_tables(optimizer, variables) -> None:
+    """Raises ValueError naming the variable, its dtype and the optimizer when ``optimizer``
+    is about to update a table shard stored in 16 bits and is not :class:`RowWiseAdagrad`:
+    what :func:`check_table_dtype` refuses at ``compile``, for loops that call an optimizer
+    themselves. The same variables and optimizer on every rank: every rank raises."""
+    trains = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
+    if isinstance(trains, RowWiseAdagrad):
+        return
+    for var in variables:
+        if is_local(var) and is_narrow(var.dtype):
+            raise ValueError(
+                f"Variable '{var.name}' is a table shard stored in {var.dtype.name}; its rows "
+                "are updated in float32 and stochastically rounded by "
+                "merlin_models_de.RowWiseAdagrad only. Apply its gradients with it (or "
+                "build the block with table_dtype=None). "
+                f"Received: optimizer={type(trains).__name__}"
+            )
+
+
 def optimizer_of(optimizer, block):
     """The optimizer that trains ``block``'s tables: ``optimizer`` itself, or in Merlin's
     MultiOptimizer the one given the block (later ``update`` calls win), else its default."""

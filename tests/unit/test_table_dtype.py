@@ -217,6 +217,41 @@ def test_a_plain_keras_model_refuses_the_same_optimizers_before_compiling():
     assert dense.optimizer is not None
 
 
+def test_a_custom_loop_refuses_other_optimizers_on_16_bit_tables():
+    """A loop that applies gradients itself (no compile): Keras' optimizers, new-style and
+    legacy, refuse the 16-bit shards before updating anything, in a tf.function as eagerly;
+    RowWiseAdagrad trains them, and other optimizers still train float32 tables."""
+    x, y = data()
+    features = {k: tf.constant(v) for k, v in x.items()}
+    target = tf.constant(y, tf.float32)
+
+    def step(m, optimizer):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((m(features) - target) ** 2)
+        variables = m.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+    m = PlainRanker()
+    m(features)
+    tables = [w for w in m.trainable_weights if w.dtype == tf.bfloat16]
+    before = [w.numpy().copy() for w in tables + m.head.trainable_weights]
+    shard = r"Variable '[\w/]+mp_\w+:0' is a table shard stored in bfloat16; .*"
+    for optimizer, name in [
+        (tf.keras.optimizers.Adam(0.1), "Adam"),
+        (tf.keras.optimizers.legacy.SGD(0.1), "SGD"),
+    ]:
+        for run in (step, tf.function(step)):
+            with pytest.raises(ValueError, match=shard + rf"Received: optimizer={name}$"):
+                run(m, optimizer)
+    after = [w.numpy() for w in tables + m.head.trainable_weights]
+    assert all(np.array_equal(b, a) for b, a in zip(before, after))  # nothing updated
+    tf.function(step)(m, RowWiseAdagrad(0.1))
+    assert any(not np.array_equal(b, w.numpy()) for b, w in zip(before, tables))
+    wide = PlainRanker(table_dtype=None)
+    wide(features)
+    tf.function(step)(wide, tf.keras.optimizers.Adam(0.1))  # float32 tables: any optimizer
+
+
 def test_trained_16_bit_tables_persist_in_16_bits(tmp_path):
     x, y = data()
     m = model()
