@@ -58,7 +58,7 @@ def slot_copies(optimizer) -> tuple[str, int] | None:
     """``(name, extra copies per parameter)`` of a compiled optimizer, for
     ``block.summary()``; None where one number cannot say it (a MultiOptimizer, whose tables
     may each have another optimizer) or the optimizer is unknown."""
-    optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
+    optimizer = _unwrapped(optimizer)
     # Horovod's DistributedOptimizer subclasses the optimizer's class: name the first class
     # of the optimizer's own library
     name = next(
@@ -149,6 +149,13 @@ def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
     return out
 
 
+# why the 16-bit checks below refuse other optimizers (one sentence of their errors)
+_ROUNDED_BY_ROWWISE_ONLY = (
+    "its rows are updated in float32 and stochastically rounded by "
+    "merlin_models_de.RowWiseAdagrad only."
+)
+
+
 def check_table_dtype(model, optimizer) -> None:
     """Raises ValueError naming the table, its dtype and the optimizer when a block of
     ``model`` stores trainable tables in 16 bits and ``optimizer`` (what ``compile`` is
@@ -168,8 +175,7 @@ def check_table_dtype(model, optimizer) -> None:
         table = narrow[0]
         raise ValueError(
             f"Table '{table}' of block '{block.name}' is stored in {block.table_dtype} "
-            f"(table_dtype={block.table_dtype!r}); its rows are updated in float32 and "
-            "stochastically rounded by merlin_models_de.RowWiseAdagrad only. Compile with it "
+            f"(table_dtype={block.table_dtype!r}); {_ROUNDED_BY_ROWWISE_ONLY} Compile with it "
             "(or give it the block through mm.MultiOptimizer), or use table_dtype=None. "
             f"Received: optimizer={type(trains).__name__}"
         )
@@ -180,24 +186,28 @@ def check_updated_tables(optimizer, variables) -> None:
     is about to update a table shard stored in 16 bits and is not :class:`RowWiseAdagrad`:
     what :func:`check_table_dtype` refuses at ``compile``, for loops that call an optimizer
     themselves. The same variables and optimizer on every rank: every rank raises."""
-    trains = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
+    trains = _unwrapped(optimizer)
     if isinstance(trains, RowWiseAdagrad):
         return
     for var in variables:
         if is_local(var) and is_narrow(var.dtype):
             raise ValueError(
-                f"Variable '{var.name}' is a table shard stored in {var.dtype.name}; its rows "
-                "are updated in float32 and stochastically rounded by "
-                "merlin_models_de.RowWiseAdagrad only. Apply its gradients with it (or "
-                "build the block with table_dtype=None). "
+                f"Variable '{var.name}' is a table shard stored in {var.dtype.name}; "
+                f"{_ROUNDED_BY_ROWWISE_ONLY} Apply its gradients with it (or build the block "
+                "with table_dtype=None). "
                 f"Received: optimizer={type(trains).__name__}"
             )
+
+
+def _unwrapped(optimizer):
+    """``optimizer`` without Keras' loss-scale wrapper."""
+    return getattr(optimizer, "inner_optimizer", None) or optimizer
 
 
 def optimizer_of(optimizer, block):
     """The optimizer that trains ``block``'s tables: ``optimizer`` itself, or in Merlin's
     MultiOptimizer the one given the block (later ``update`` calls win), else its default."""
-    optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss scaling
+    optimizer = _unwrapped(optimizer)
     if not is_multi_optimizer(optimizer):
         return optimizer
     found = optimizer.default_optimizer

@@ -7,8 +7,8 @@ slots (row-wise Adagrad's: one value per row; tables stored in 16 bits take 2 by
 element, their optimizer state stays float32), resident :data:`ALLOCATOR_OVERHEAD` above
 their bytes. Where a rank holds every table and Horovod averages their gradients (Merlin's
 data-parallel training: ``sparse_as_dense``), add :data:`DENSE_GRADIENT_COPIES` of the
-tables (the dense gradient, the allreduce's staging and what the allocator keeps of them). The block's gradients stay sparse (the rows a batch looked
-up): no table-sized term.
+tables (the dense gradient, the allreduce's staging and what the allocator keeps of them).
+The block's gradients stay sparse (the rows a batch looked up): no table-sized term.
 
 Where TensorFlow turns oneDNN on (x86 CPUs with AVX512-VNNI or newer), its CPU allocator keeps
 what a run frees as a pool of its own, resident until the process ends. A table drawn whole by
@@ -59,10 +59,10 @@ def rank_peak_bytes(
 ) -> int:
     """Peak bytes of a rank holding ``elements`` table parameters in ``rows`` rows trained
     with ``optimizer`` (its slots are copies, its row-wise state a value per row), tables
-    and state resident ``overhead`` above their bytes; ``dense_gradients``: the tables' gradients are
-    allreduced dense (:data:`DENSE_GRADIENT_COPIES` more copies); ``drawn_whole``: the
-    elements of the largest table initialized in one draw (two more copies of it while drawn,
-    the others made; :data:`DRAWN_WHOLE_KEPT` of it after); ``table_bytes``: bytes of a
+    and state resident ``overhead`` above their bytes; ``dense_gradients``: the tables'
+    gradients are allreduced dense (:data:`DENSE_GRADIENT_COPIES` more copies);
+    ``drawn_whole``: the elements of the largest table initialized in one draw (two more
+    copies of it while drawn, the others made; :data:`DRAWN_WHOLE_KEPT` of it after); ``table_bytes``: bytes of a
     stored table element (2: 16-bit tables; None: ``dtype_bytes``, which optimizer state and
     draws keep)."""
     stored = dtype_bytes if table_bytes is None else table_bytes
