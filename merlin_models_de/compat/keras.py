@@ -1,6 +1,7 @@
 """Keras' private API: optimizer slot creation, layer-name counters, the seed generator
-of unseeded initializers, ``fit``'s cached validation data, and the checks in front of a
-plain Keras model's ``compile`` and of Keras' optimizers' ``apply_gradients``."""
+of unseeded initializers, ``fit``'s cached validation data, the checks in front of a plain
+Keras model's ``compile`` and of Keras' optimizers' ``apply_gradients``, and legacy SGD's
+sparse update of a table in pieces."""
 
 from __future__ import annotations
 
@@ -243,6 +244,34 @@ def _checked_apply(original, check):
 
     apply_gradients._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
     return apply_gradients
+
+
+def install_sgd_pieces(in_pieces, is_table) -> None:
+    """Has Keras' legacy SGD without momentum (the scatter-add of a sparse gradient) add the
+    gradient of a variable for which ``is_table(var)`` holds through ``in_pieces(scatter,
+    var.device, indices, values)`` (``merlin_models_de.scatter``): Keras' own scatter-add of
+    each piece, the result unchanged. With momentum SGD runs a fused kernel: untouched.
+    Idempotent."""
+    import tensorflow as tf
+
+    sgd = tf.keras.optimizers.legacy.SGD
+    original = sgd._resource_apply_sparse_duplicate_indices
+    if getattr(original, "_mmde", False):
+        return
+
+    @functools.wraps(original)
+    def apply(self, grad, var, indices, **kwargs):
+        if self._momentum or not is_table(var):
+            return original(self, grad, var, indices, **kwargs)
+        return in_pieces(
+            lambda ids, values: original(self, values, var, ids, **kwargs),
+            var.device,
+            indices,
+            grad,
+        )
+
+    apply._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
+    sgd._resource_apply_sparse_duplicate_indices = apply
 
 
 def install_compile_check(check) -> None:

@@ -30,6 +30,7 @@ import tensorflow as tf
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round, widened
 from merlin_models_de.rowwise.columns import ColumnSums, column_sums
+from merlin_models_de.scatter import scatter_in_pieces
 from merlin_models_de.variables import mark_row_state, table_mark
 
 ROW_SLOT = "row_accumulator"
@@ -183,15 +184,22 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         (``ids`` unique, ``square_sums`` over the whole row)."""
         acc = self.get_slot(var, ROW_SLOT)
         mean = tf.expand_dims(square_sums, 1) / table_mark(var).dim
-        added = tf.raw_ops.ResourceScatterAdd(resource=acc.handle, indices=ids, updates=mean)
+        added = scatter_in_pieces(
+            _scatter(tf.raw_ops.ResourceScatterAdd, acc), var.device, ids, mean
+        )
         with tf.control_dependencies([added]):
             acc_rows = tf.gather(acc, ids)
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
         if not is_narrow(var.dtype):
-            return tf.raw_ops.ResourceScatterAdd(resource=var.handle, indices=ids, updates=step)
+            return scatter_in_pieces(
+                _scatter(tf.raw_ops.ResourceScatterAdd, var), var.device, ids, step
+            )
         new = tf.cast(tf.gather(var, ids), tf.float32) + step
-        return tf.raw_ops.ResourceScatterUpdate(
-            resource=var.handle, indices=ids, updates=self._rounded(var, ids, new)
+        return scatter_in_pieces(
+            _scatter(tf.raw_ops.ResourceScatterUpdate, var),
+            var.device,
+            ids,
+            self._rounded(var, ids, new),
         )
 
     def _rounded(self, var, ids, rows):
@@ -217,3 +225,8 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
             epsilon=self.epsilon,
         )
         return config
+
+
+def _scatter(op, var):
+    """``op`` (a ``tf.raw_ops.ResourceScatter*``) into ``var`` as ``(indices, updates) -> op``."""
+    return lambda ids, updates: op(resource=var.handle, indices=ids, updates=updates)

@@ -22,7 +22,7 @@ HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat", f"{PACKAGE}.compat.
 # below. The root leaves share layer 0 and import nothing of ours; the package's __init__
 # (the public API) sits above everything.
 LAYERS = [
-    {"tables", "schemas", "variables", "comm", "rounding"},
+    {"tables", "schemas", "variables", "comm", "rounding", "scatter"},
     {"compat"},
     {"runtime"},
     {"planner"},
@@ -36,7 +36,7 @@ LAYERS = [
     {"apps"},
 ]
 # what may stay at the root: the small leaves of layer 0 and the public API
-ROOT_MODULES = {"__init__", "tables", "schemas", "variables", "comm", "rounding"}
+ROOT_MODULES = {"__init__", "tables", "schemas", "variables", "comm", "rounding", "scatter"}
 # apps/: one folder per command (dlrm, next_item, bench, tools) and what they share
 SHARED_APPS = "common"
 

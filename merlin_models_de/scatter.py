@@ -1,0 +1,53 @@
+"""Sparse row updates of a table on a CPU, in pieces that TensorFlow applies in a plain loop.
+
+TensorFlow's CPU kernels of ``ResourceScatterAdd`` and its kin loop over the rows when given
+fewer than 1,024 indices, and from 1,024 on take a parallel path that locks a region of the
+table for every row. Measured on this project's 2-core host (one ``ResourceScatterAdd`` into
+a 10M x 16 float32 table, TF 2.12): 1,024 rows cost 2-4x what 1,023 do, with one thread or
+two, and 16,384 rows as one call 932 us against 636 us in 17 pieces on two threads. An owner
+on 2 ranks x 512 updates exactly 1,024 rows a table and step, so it scatters in pieces of
+:data:`PIECE_ROWS` rows. Each piece adds (or writes) its own rows, so the table ends as one
+call would leave it; a row given in two pieces gets both adds, in either order (its float sum
+may differ in the last bit, as it may on the kernel's parallel path).
+A GPU kernel has no such switch, and there every piece would be a launch: variables on a GPU
+get one call.
+
+Example:
+    >>> scatter_in_pieces(add, var.device, ids, rows)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+PIECE_ROWS = 1023  # TF's CPU scatter kernels loop over fewer than 1,024 indices
+
+
+def scatter_in_pieces(scatter, device: str, indices, updates):
+    """``scatter(indices, updates)`` (it issues one scatter op and returns it) in pieces of at
+    most :data:`PIECE_ROWS` rows when the variable's ``device`` is not a GPU; returns what runs
+    after every piece (an op, or the loop's counter). A size known when traced is cut into one ``tf.split``
+    per input; an unknown one in a ``tf.while_loop``."""
+    rows = indices.shape[0]
+    if "GPU" in (device or "").upper() or (rows is not None and rows <= PIECE_ROWS):
+        return scatter(indices, updates)
+    if rows is not None:
+        sizes = [PIECE_ROWS] * (rows // PIECE_ROWS) + (
+            [rows % PIECE_ROWS] if rows % PIECE_ROWS else []
+        )
+        return tf.group(
+            [scatter(i, u) for i, u in zip(tf.split(indices, sizes), tf.split(updates, sizes))]
+        )
+    total = tf.shape(indices, out_type=tf.int64)[0]
+
+    def piece(start):
+        end = tf.minimum(start + PIECE_ROWS, total)
+        with tf.control_dependencies([scatter(indices[start:end], updates[start:end])]):
+            return start + PIECE_ROWS
+
+    return tf.while_loop(
+        lambda start: start < total,
+        piece,
+        [tf.constant(0, tf.int64)],
+        parallel_iterations=1,
+    )[0]
