@@ -27,8 +27,8 @@ PIECE_ROWS = 1023  # TF's CPU scatter kernels loop over fewer than 1,024 indices
 def scatter_in_pieces(scatter, device: str, indices, updates):
     """``scatter(indices, updates)`` (it issues one scatter op and returns it) in pieces of at
     most :data:`PIECE_ROWS` rows when the variable's ``device`` is not a GPU; returns what runs
-    after every piece (an op, or the loop's counter). A size known when traced is cut into one ``tf.split``
-    per input; an unknown one in a ``tf.while_loop``."""
+    after every piece (an op, or the loop's counter). A size known when traced is cut by one
+    ``tf.split`` per input, an unknown one in a ``tf.while_loop``."""
     rows = indices.shape[0]
     if "GPU" in (device or "").upper() or (rows is not None and rows <= PIECE_ROWS):
         return scatter(indices, updates)
