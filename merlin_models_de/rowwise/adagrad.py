@@ -16,8 +16,9 @@ of their own through ``mm.MultiOptimizer``.
 Tables are the shard variables a ``DistributedEmbeddings`` block marks
 (``variables.table_mark``). A table stored in 16 bits (the block's ``table_dtype``) is updated
 in float32: its gradient rows are summed in float32, the accumulator is float32, and the new
-row is stochastically rounded into the table (:mod:`merlin_models_de.rounding`). A column-sliced table's mean is over the whole row: its holders
-add their slices' partial sums in one collective per block and step (:mod:`.columns`).
+row is stochastically rounded into the table (:mod:`merlin_models_de.rounding`). A
+column-sliced table's mean is over the whole row: its holders add their slices' partial sums
+in one collective per block and step (:mod:`.columns`).
 
 Example:
     >>> model.compile(optimizer=RowWiseAdagrad(0.05))  # doctest: +SKIP
@@ -195,11 +196,9 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 _scatter(tf.raw_ops.ResourceScatterAdd, var), var.device, ids, step
             )
         new = tf.cast(tf.gather(var, ids), tf.float32) + step
-        return scatter_in_pieces(
-            _scatter(tf.raw_ops.ResourceScatterUpdate, var),
-            var.device,
-            ids,
-            self._rounded(var, ids, new),
+        # a plain loop at any size: TF's parallel path is for the adding scatters only
+        return tf.raw_ops.ResourceScatterUpdate(
+            resource=var.handle, indices=ids, updates=self._rounded(var, ids, new)
         )
 
     def _rounded(self, var, ids, rows):

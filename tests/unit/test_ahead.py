@@ -83,7 +83,8 @@ def test_other_inputs_exchange_in_the_step(transform):
     assert first is None and second is None and uses == 0
 
 
-def test_each_element_gets_the_next_batch_and_the_last_an_empty_one():
+@pytest.mark.parametrize("fixed", [False, True], ids=["batch", "drop-remainder"])
+def test_each_element_gets_the_next_batch_and_the_last_an_empty_one(fixed):
     block = Block(
         features=FEATURES,
         exchange_ahead=True,
@@ -95,13 +96,20 @@ def test_each_element_gets_the_next_batch_and_the_last_an_empty_one():
         "b": tf.range(6, dtype=tf.int64)[:, None] * 10,
         "dense": tf.ones([6, 2]),
     }
-    data = tf.data.Dataset.from_tensor_slices((x, tf.range(6))).batch(2)
+    data = tf.data.Dataset.from_tensor_slices((x, tf.range(6))).batch(2, drop_remainder=fixed)
     paired = ahead.pipelined(model, data)
     assert int(paired.cardinality()) == 3  # fit still knows the steps
     got = list(paired.as_numpy_iterator())
     assert [list(f["a"]) for f, _ in got] == [[0, 1], [2, 3], [4, 5]]
+    # after the last batch nothing follows, also where every batch has a fixed size: a
+    # batch of zeros there would be kept and read by the next epoch's first step
     assert [list(f[f"{NEXT_KEY}/a"]) for f, _ in got] == [[2, 3], [4, 5], []]
     assert [f[f"{NEXT_KEY}/b"].shape for f, _ in got] == [(2, 1), (2, 1), (0, 1)]
+    # the batch keeps the input's shapes (a fixed batch size stays known when traced)
+    features, label = paired.element_spec
+    assert features["a"].shape == data.element_spec[0]["a"].shape
+    assert features["dense"].shape == data.element_spec[0]["dense"].shape
+    assert label.shape == data.element_spec[1].shape
     assert [list(y) for _, y in got] == [[0, 1], [2, 3], [4, 5]]
     assert f"{NEXT_KEY}/dense" not in got[0][0]  # only the blocks' id features
     # a feature a block reads as something other than dense ids: no pairing

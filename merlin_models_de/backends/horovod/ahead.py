@@ -80,19 +80,23 @@ def pipelined(model, dataset):
     if not names:
         return dataset
     count = int(dataset.cardinality())
-    after_last = tf.nest.map_structure(_empty, spec)  # an empty batch: nothing follows
+    first_state = tf.nest.map_structure(_zeros, spec)  # never emitted (skipped below)
+    after_last = tf.nest.map_structure(_empty, spec)  # a batch of 0 samples: nothing follows
     marked = dataset.concatenate(tf.data.Dataset.from_tensors(after_last))
 
     def paired_with_next(previous, element):
         # one function call per element (a scan, then skip the first output: the initial
-        # state paired with the first batch); a filter and a map after it cost 2.6x as much
+        # state paired with the first batch); a filter and a map after it cost 2.6x as much.
+        # The state's shapes are relaxed by the empty last batch: the batch itself keeps the
+        # input's (the state only ever holds the first state or one of the input's batches).
+        previous = tf.nest.map_structure(_with_shape, previous, spec)
         features = _features(previous, spec)
         following = _features(element, spec)
         features = {**features, **{f"{NEXT_KEY}/{name}": following[name] for name in names}}
         out = (features,) + tuple(previous[1:]) if isinstance(spec, tuple) else features
         return element, out
 
-    paired = marked.scan(after_last, paired_with_next).skip(1)
+    paired = marked.scan(first_state, paired_with_next).skip(1)
     if count >= 0:
         paired = paired.apply(tf.data.experimental.assert_cardinality(count))
     return paired.prefetch(1)
@@ -110,9 +114,22 @@ def _features(element, spec):
     return element[0] if isinstance(spec, tuple) else element
 
 
-def _empty(spec):
+def _zeros(spec):
+    """A value of ``spec`` (unknown sizes 0)."""
     shape = [0 if d is None else d for d in spec.shape.as_list()]
     return tf.zeros(shape, spec.dtype) if spec.dtype != tf.string else tf.fill(shape, "")
+
+
+def _empty(spec):
+    """A batch of 0 samples of ``spec`` (also where the input's batch size is fixed, e.g.
+    ``batch(..., drop_remainder=True)``): the step after it keeps nothing."""
+    shape = [0 if d is None or i == 0 else d for i, d in enumerate(spec.shape.as_list())]
+    return tf.zeros(shape, spec.dtype) if spec.dtype != tf.string else tf.fill(shape, "")
+
+
+def _with_shape(value, spec):
+    value.set_shape(spec.shape)  # static only: no op runs
+    return value
 
 
 # ---- the step: what arrived, kept for the next one -------------------------------------------
