@@ -62,9 +62,9 @@ def rank_peak_bytes(
     and state resident ``overhead`` above their bytes; ``dense_gradients``: the tables'
     gradients are allreduced dense (:data:`DENSE_GRADIENT_COPIES` more copies);
     ``drawn_whole``: the elements of the largest table initialized in one draw (two more
-    copies of it while drawn, the others made; :data:`DRAWN_WHOLE_KEPT` of it after); ``table_bytes``: bytes of a
-    stored table element (2: 16-bit tables; None: ``dtype_bytes``, which optimizer state and
-    draws keep)."""
+    copies of it while drawn, the others made; :data:`DRAWN_WHOLE_KEPT` of it after);
+    ``table_bytes``: bytes of a stored table element (2: 16-bit tables; None: ``dtype_bytes``,
+    which optimizer state and draws keep)."""
     stored = dtype_bytes if table_bytes is None else table_bytes
     tables = elements * stored
     state = (

@@ -185,16 +185,12 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         (``ids`` unique, ``square_sums`` over the whole row)."""
         acc = self.get_slot(var, ROW_SLOT)
         mean = tf.expand_dims(square_sums, 1) / table_mark(var).dim
-        added = scatter_in_pieces(
-            _scatter(tf.raw_ops.ResourceScatterAdd, acc), var.device, ids, mean
-        )
+        added = scatter_in_pieces(_scatter_add(acc), var.device, ids, mean)
         with tf.control_dependencies([added]):
             acc_rows = tf.gather(acc, ids)
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
         if not is_narrow(var.dtype):
-            return scatter_in_pieces(
-                _scatter(tf.raw_ops.ResourceScatterAdd, var), var.device, ids, step
-            )
+            return scatter_in_pieces(_scatter_add(var), var.device, ids, step)
         new = tf.cast(tf.gather(var, ids), tf.float32) + step
         # a plain loop at any size: TF's parallel path is for the adding scatters only
         return tf.raw_ops.ResourceScatterUpdate(
@@ -226,6 +222,8 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         return config
 
 
-def _scatter(op, var):
-    """``op`` (a ``tf.raw_ops.ResourceScatter*``) into ``var`` as ``(indices, updates) -> op``."""
-    return lambda ids, updates: op(resource=var.handle, indices=ids, updates=updates)
+def _scatter_add(var):
+    """``var[indices] += updates`` as ``(indices, updates) -> op``."""
+    return lambda ids, updates: tf.raw_ops.ResourceScatterAdd(
+        resource=var.handle, indices=ids, updates=updates
+    )

@@ -81,7 +81,9 @@ def pipelined(model, dataset):
         return dataset
     count = int(dataset.cardinality())
     first_state = tf.nest.map_structure(_zeros, spec)  # never emitted (skipped below)
-    after_last = tf.nest.map_structure(_empty, spec)  # a batch of 0 samples: nothing follows
+    # a batch of 0 samples (also where the input's batch size is fixed, e.g.
+    # ``batch(..., drop_remainder=True)``): the step after it keeps nothing
+    after_last = tf.nest.map_structure(lambda s: _zeros(s, samples=0), spec)
     marked = dataset.concatenate(tf.data.Dataset.from_tensors(after_last))
 
     def paired_with_next(previous, element):
@@ -114,16 +116,11 @@ def _features(element, spec):
     return element[0] if isinstance(spec, tuple) else element
 
 
-def _zeros(spec):
-    """A value of ``spec`` (unknown sizes 0)."""
+def _zeros(spec, samples=None):
+    """A value of ``spec``: unknown sizes 0, the leading one ``samples`` when given."""
     shape = [0 if d is None else d for d in spec.shape.as_list()]
-    return tf.zeros(shape, spec.dtype) if spec.dtype != tf.string else tf.fill(shape, "")
-
-
-def _empty(spec):
-    """A batch of 0 samples of ``spec`` (also where the input's batch size is fixed, e.g.
-    ``batch(..., drop_remainder=True)``): the step after it keeps nothing."""
-    shape = [0 if d is None or i == 0 else d for i, d in enumerate(spec.shape.as_list())]
+    if samples is not None and shape:
+        shape[0] = samples
     return tf.zeros(shape, spec.dtype) if spec.dtype != tf.string else tf.fill(shape, "")
 
 
