@@ -1,4 +1,5 @@
-"""Sparse row updates of a table on a CPU, in pieces that TensorFlow applies in a plain loop.
+"""Sparse row updates of a table on a CPU: adds in pieces that TensorFlow applies in a plain
+loop, and Adagrad's rows gathered, updated and written back.
 
 TensorFlow's CPU kernels of ``ResourceScatterAdd`` and the other arithmetic scatters (sub,
 mul, div, min, max; not ``ResourceScatterUpdate``) loop over the rows when given fewer than
@@ -14,8 +15,17 @@ pieces gets both adds, in either order (its float sum may differ in the last bit
 on the kernel's parallel path). A GPU kernel has no such switch, and there every piece would
 be a launch: variables on a GPU get one call.
 
+Adagrad: TF's fused ``ResourceSparseApplyAdagradV2`` updates a table's rows one at a time, the
+accumulator row then the table row, each waiting for its memory. Gathering the rows, updating
+them as whole tensors and writing them back (``ResourceScatterUpdate``: a copy per row) does
+the same arithmetic in the same order, so the result is the same floats. Measured like the
+scatters above (1,024 unique rows of 16, 13 tables a call, huge pages): 159-177 us against
+120-145 us a table of 10M rows, 112-117 against 84-89 at 100k rows, 8-9 against 10-11 for 50
+rows of a 1k-row table.
+
 Example:
     >>> scatter_in_pieces(add, var.device, ids, rows)  # doctest: +SKIP
+    >>> adagrad_rows(var, accumulator, ids, grad, lr, epsilon)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ def scatter_in_pieces(scatter, device: str, indices, updates):
     is cut by one
     ``tf.split`` per input, an unknown one in a ``tf.while_loop``."""
     rows = indices.shape[0]
-    if "GPU" in (device or "").upper() or (rows is not None and rows <= PIECE_ROWS):
+    if on_gpu(device) or (rows is not None and rows <= PIECE_ROWS):
         return scatter(indices, updates)
     if rows is not None:
         sizes = [PIECE_ROWS] * (rows // PIECE_ROWS) + (
@@ -54,3 +64,32 @@ def scatter_in_pieces(scatter, device: str, indices, updates):
         [tf.constant(0, tf.int64)],
         parallel_iterations=1,
     )[0]
+
+
+def adagrad_rows(var, accumulator, indices, grad, lr, epsilon):
+    """Keras' Adagrad update of the rows ``indices`` (unique) of ``var``:
+    ``accumulator[i] += grad**2``, then ``var[i] -= lr * grad / (sqrt(accumulator[i]) +
+    epsilon)``, the floats of TF's fused kernel; that kernel itself on a GPU. Returns the op
+    that runs after both writes."""
+    if on_gpu(var.device):
+        return tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=var.handle,
+            accum=accumulator.handle,
+            lr=lr,
+            epsilon=epsilon,
+            grad=grad,
+            indices=indices,
+        )
+    acc_rows = tf.gather(accumulator, indices) + tf.square(grad)
+    rows = tf.gather(var, indices) - lr * grad / (tf.sqrt(acc_rows) + epsilon)
+    return tf.group(
+        tf.raw_ops.ResourceScatterUpdate(
+            resource=accumulator.handle, indices=indices, updates=acc_rows
+        ),
+        tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=rows),
+    )
+
+
+def on_gpu(device: str | None) -> bool:
+    """Whether a variable's ``device`` string names a GPU."""
+    return "GPU" in (device or "").upper()

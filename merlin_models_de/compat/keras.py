@@ -1,7 +1,7 @@
 """Keras' private API: optimizer slot creation, layer-name counters, the seed generator
 of unseeded initializers, ``fit``'s cached validation data, the checks in front of a plain
-Keras model's ``compile`` and of Keras' optimizers' ``apply_gradients``, and legacy SGD's
-sparse update of a table in pieces."""
+Keras model's ``compile`` and of Keras' optimizers' ``apply_gradients``, and legacy SGD's and
+Adagrad's sparse updates of a table."""
 
 from __future__ import annotations
 
@@ -272,6 +272,34 @@ def install_sgd_pieces(in_pieces, is_table) -> None:
 
     apply._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
     sgd._resource_apply_sparse_duplicate_indices = apply
+
+
+def install_adagrad_rows(update, is_table) -> None:
+    """Has Keras' legacy Adagrad update the rows of a variable for which ``is_table(var)``
+    holds through ``update(var, accumulator, indices, grad, lr, epsilon)``
+    (``merlin_models_de.scatter.adagrad_rows``, the same floats as Keras' fused kernel); every
+    other variable as Keras has it. Keras deduplicates the indices before this call.
+    Idempotent."""
+    import tensorflow as tf
+
+    adagrad = tf.keras.optimizers.legacy.Adagrad
+    original = adagrad._resource_apply_sparse
+    if getattr(original, "_mmde", False):
+        return
+
+    @functools.wraps(original)
+    def apply(self, grad, var, indices, apply_state=None):
+        if not is_table(var):
+            return original(self, grad, var, indices, apply_state=apply_state)
+        key = (var.device, var.dtype.base_dtype)
+        coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+        accumulator = self.get_slot(var, "accumulator")
+        return update(
+            var, accumulator, indices, grad, coefficients["lr_t"], coefficients["epsilon"]
+        )
+
+    apply._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
+    adagrad._resource_apply_sparse = apply
 
 
 def install_compile_check(check) -> None:

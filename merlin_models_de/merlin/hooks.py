@@ -61,7 +61,7 @@ from merlin_models_de.merlin.optimizers import (
     slot_copies,
 )
 from merlin_models_de.persistence.export import save_single_process
-from merlin_models_de.scatter import scatter_in_pieces
+from merlin_models_de.scatter import adagrad_rows, scatter_in_pieces
 from merlin_models_de.variables import (
     embedding_blocks,
     has_row_state,
@@ -265,17 +265,24 @@ def top_k_encoder_layer(model, candidates, k):
 
 def install() -> None:
     """Installs :class:`MerlinHooks` and the tied-output translation into Merlin, the
-    16-bit tables' optimizer check into plain Keras models' ``compile``, and SGD's sparse
-    update of tables in pieces (idempotent; inert for models without the block)."""
+    16-bit tables' optimizer check into plain Keras models' ``compile``, and SGD's and Adagrad's
+    sparse updates of tables (idempotent; inert for models without the block)."""
     merlin_compat.install_merlin_hooks(MerlinHooks)
     # plain Keras models holding the block: the same refusal of 16-bit tables' optimizers
     keras_compat.install_compile_check(check_table_dtype)
     # and loops that apply gradients themselves, when the optimizer updates a 16-bit table
     keras_compat.install_apply_check(check_updated_tables)
     # SGD's update of a table shard in pieces TF's CPU kernel loops over (see scatter.py)
-    keras_compat.install_sgd_pieces(scatter_in_pieces, lambda var: table_mark(var) is not None)
+    keras_compat.install_sgd_pieces(scatter_in_pieces, is_table_shard)
+    # and Adagrad's, rows gathered and written back instead of TF's fused row loop
+    keras_compat.install_adagrad_rows(adagrad_rows, is_table_shard)
     merlin_compat.install_output_hooks(_is_table_handle, _tie_to_handle)
     merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)
+
+
+def is_table_shard(var) -> bool:
+    """Whether ``var`` holds (a shard of) a table of the block."""
+    return table_mark(var) is not None
 
 
 def _is_table_handle(to_call) -> bool:

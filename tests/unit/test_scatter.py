@@ -1,7 +1,10 @@
-"""Sparse table updates in pieces of at most 1,023 rows (merlin_models_de/scatter.py): the same
-table as one scatter, the pieces really issued (sizes known and unknown when traced), one call
-on a GPU, and the optimizers that use them (Keras' legacy SGD on table shards, RowWiseAdagrad)
-against their references."""
+"""Sparse table updates (merlin_models_de/scatter.py). Adds in pieces of at most 1,023 rows: the
+same table as one scatter, the pieces really issued (sizes known and unknown when traced), one
+call on a GPU, and the optimizers that use them (Keras' legacy SGD on table shards,
+RowWiseAdagrad) against their references. Adagrad's rows gathered and written back: the floats
+of TF's fused kernel, through Keras' legacy Adagrad on table shards only."""
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ import tensorflow as tf
 
 from merlin_models_de.merlin import hooks
 from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
-from merlin_models_de.scatter import PIECE_ROWS, scatter_in_pieces
+from merlin_models_de.scatter import PIECE_ROWS, adagrad_rows, scatter_in_pieces
 from merlin_models_de.variables import TableMark, mark_table
 from tests.rowwise_reference import NumpyRowWiseAdagrad
 
@@ -155,3 +158,74 @@ def test_row_wise_adagrad_updates_many_rows_in_pieces_as_the_reference():
         apply(grad)
         ref.apply_gradients([(grad, ref_var)])
     np.testing.assert_allclose(var.numpy(), ref_var.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def op_types(fn, *args):
+    return [op.type for op in fn.get_concrete_function(*args).graph.get_operations()]
+
+
+def test_adagrad_rows_are_the_floats_of_tfs_fused_kernel():
+    rng = np.random.default_rng(6)
+    start = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+    accumulated = rng.uniform(0.05, 2.0, (ROWS, DIM)).astype(np.float32)
+    var, acc = tf.Variable(start), tf.Variable(accumulated)
+    fused_var, fused_acc = tf.Variable(start), tf.Variable(accumulated)
+    lr, eps = tf.constant(0.37), tf.constant(1e-3)
+
+    @tf.function
+    def composed(ids, grad):
+        adagrad_rows(var, acc, ids, grad, lr, eps)
+
+    for _ in range(3):
+        ids = rng.permutation(ROWS)[:30].astype(np.int64)  # unique, as Keras gives them
+        grad = (rng.normal(size=(30, DIM)) * 10 ** rng.uniform(-4, 2, (30, 1))).astype(np.float32)
+        composed(ids, grad)
+        tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=fused_var.handle,
+            accum=fused_acc.handle,
+            lr=lr,
+            epsilon=eps,
+            grad=grad,
+            indices=ids,
+        )
+        np.testing.assert_array_equal(acc.numpy(), fused_acc.numpy())
+        np.testing.assert_array_equal(var.numpy(), fused_var.numpy())
+    assert "ResourceSparseApplyAdagradV2" not in op_types(composed, ids, grad)
+
+
+def test_adagrad_rows_on_a_gpu_run_the_fused_kernel():
+    # no GPU here: a variable's handle under a GPU's device name, the op only built
+    with tf.Graph().as_default():
+        real, acc = tf.Variable(tf.zeros([ROWS, DIM])), tf.Variable(tf.ones([ROWS, DIM]))
+        var = SimpleNamespace(
+            device="/job:localhost/replica:0/task:0/device:GPU:0", handle=real.handle
+        )
+        op = adagrad_rows(var, acc, tf.constant([1, 2], tf.int64), tf.ones([2, DIM]), 0.1, 1e-7)
+        assert op.type == "ResourceSparseApplyAdagradV2"
+
+
+def test_legacy_adagrad_updates_a_table_shards_rows_by_gather_and_write():
+    hooks.install()
+    rng = np.random.default_rng(7)
+    start = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+    table, plain = marked(start, name="ada"), tf.Variable(start)
+    ids, rows = ids_and_rows(300, seed=8)  # many repeats: Keras sums them first
+    grad = tf.IndexedSlices(tf.constant(rows), tf.constant(ids), tf.constant([ROWS, DIM]))
+
+    def stepper(var):
+        opt = tf.keras.optimizers.legacy.Adagrad(0.2, initial_accumulator_value=0.1)
+
+        @tf.function
+        def step():
+            opt.apply_gradients([(grad, var)])
+
+        return step
+
+    step_table, step_plain = stepper(table), stepper(plain)
+    for _ in range(2):
+        step_table()
+        step_plain()
+    np.testing.assert_array_equal(table.numpy(), plain.numpy())
+    assert not np.array_equal(table.numpy(), start)
+    assert "ResourceSparseApplyAdagradV2" not in op_types(step_table)
+    assert "ResourceSparseApplyAdagradV2" in op_types(step_plain)  # not a table: as Keras has it
