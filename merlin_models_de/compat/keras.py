@@ -221,6 +221,17 @@ class _WithDtype:
         return getattr(self.__dict__["_var"], name)
 
 
+def _replace_once(owner, name: str, wrap) -> None:
+    """Replaces ``owner.<name>`` by ``wrap(original)``, marked as ours: a second install finds
+    the mark and leaves it (idempotent)."""
+    original = getattr(owner, name)
+    if getattr(original, "_mmde", False):
+        return
+    replacement = functools.wraps(original)(wrap(original))
+    replacement._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
+    setattr(owner, name, replacement)
+
+
 def install_apply_check(check) -> None:
     """Has Keras' optimizers (new-style and legacy, and every subclass that does not replace
     ``apply_gradients`` without calling it) call ``check(optimizer, variables)`` with the
@@ -228,22 +239,16 @@ def install_apply_check(check) -> None:
     trace time inside a ``tf.function``, so custom loops are checked too. Idempotent."""
     import tensorflow as tf
 
+    def wrap(original):
+        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+            grads_and_vars = list(grads_and_vars)  # often a zip: read once here, once by Keras
+            check(self, [v for _, v in grads_and_vars])
+            return original(self, grads_and_vars, *args, **kwargs)
+
+        return apply_gradients
+
     for base in (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer):
-        original = base.apply_gradients
-        if getattr(original, "_mmde", False):
-            continue
-        base.apply_gradients = _checked_apply(original, check)
-
-
-def _checked_apply(original, check):
-    @functools.wraps(original)
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)  # often a zip: read once here, once by Keras
-        check(self, [v for _, v in grads_and_vars])
-        return original(self, grads_and_vars, *args, **kwargs)
-
-    apply_gradients._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
-    return apply_gradients
+        _replace_once(base, "apply_gradients", wrap)
 
 
 def install_sgd_pieces(in_pieces, is_table) -> None:
@@ -254,24 +259,20 @@ def install_sgd_pieces(in_pieces, is_table) -> None:
     Idempotent."""
     import tensorflow as tf
 
-    sgd = tf.keras.optimizers.legacy.SGD
-    original = sgd._resource_apply_sparse_duplicate_indices
-    if getattr(original, "_mmde", False):
-        return
+    def wrap(original):
+        def apply(self, grad, var, indices, **kwargs):
+            if self._momentum or not is_table(var):
+                return original(self, grad, var, indices, **kwargs)
+            return in_pieces(
+                lambda ids, values: original(self, values, var, ids, **kwargs),
+                var.device,
+                indices,
+                grad,
+            )
 
-    @functools.wraps(original)
-    def apply(self, grad, var, indices, **kwargs):
-        if self._momentum or not is_table(var):
-            return original(self, grad, var, indices, **kwargs)
-        return in_pieces(
-            lambda ids, values: original(self, values, var, ids, **kwargs),
-            var.device,
-            indices,
-            grad,
-        )
+        return apply
 
-    apply._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
-    sgd._resource_apply_sparse_duplicate_indices = apply
+    _replace_once(tf.keras.optimizers.legacy.SGD, "_resource_apply_sparse_duplicate_indices", wrap)
 
 
 def install_adagrad_rows(update, is_table) -> None:
@@ -282,24 +283,20 @@ def install_adagrad_rows(update, is_table) -> None:
     Idempotent."""
     import tensorflow as tf
 
-    adagrad = tf.keras.optimizers.legacy.Adagrad
-    original = adagrad._resource_apply_sparse
-    if getattr(original, "_mmde", False):
-        return
+    def wrap(original):
+        def apply(self, grad, var, indices, apply_state=None):
+            if not is_table(var):
+                return original(self, grad, var, indices, apply_state=apply_state)
+            key = (var.device, var.dtype.base_dtype)
+            coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+            accumulator = self.get_slot(var, "accumulator")
+            return update(
+                var, accumulator, indices, grad, coefficients["lr_t"], coefficients["epsilon"]
+            )
 
-    @functools.wraps(original)
-    def apply(self, grad, var, indices, apply_state=None):
-        if not is_table(var):
-            return original(self, grad, var, indices, apply_state=apply_state)
-        key = (var.device, var.dtype.base_dtype)
-        coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
-        accumulator = self.get_slot(var, "accumulator")
-        return update(
-            var, accumulator, indices, grad, coefficients["lr_t"], coefficients["epsilon"]
-        )
+        return apply
 
-    apply._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
-    adagrad._resource_apply_sparse = apply
+    _replace_once(tf.keras.optimizers.legacy.Adagrad, "_resource_apply_sparse", wrap)
 
 
 def install_compile_check(check) -> None:
@@ -309,15 +306,12 @@ def install_compile_check(check) -> None:
     Keras'. A refusal raised by ``check`` leaves the model as it was. Idempotent."""
     import tensorflow as tf
 
-    original = tf.keras.Model.compile
-    if getattr(original, "_mmde", False):
-        return
+    def wrap(original):
+        def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Keras' name)
+            if type(self).compile is compile:  # not a Merlin model calling up to Keras
+                check(self, optimizer)
+            return original(self, optimizer, *args, **kwargs)
 
-    @functools.wraps(original)
-    def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Keras' name)
-        if type(self).compile is compile:  # not a Merlin model calling up to Keras
-            check(self, optimizer)
-        return original(self, optimizer, *args, **kwargs)
+        return compile
 
-    compile._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
-    tf.keras.Model.compile = compile
+    _replace_once(tf.keras.Model, "compile", wrap)
