@@ -31,7 +31,7 @@ import tensorflow as tf
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round, widened
 from merlin_models_de.rowwise.columns import ColumnSums, column_sums
-from merlin_models_de.scatter import scatter_in_pieces
+from merlin_models_de.scatter import write_rows
 from merlin_models_de.variables import mark_row_state, table_mark
 
 ROW_SLOT = "row_accumulator"
@@ -182,20 +182,15 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
 
     def _rows_update(self, var, ids, rows, square_sums, c):
         """``acc[ids] += square_sums / dim``, then ``var[ids] -= lr * rows / (sqrt(acc) + eps)``
-        (``ids`` unique, ``square_sums`` over the whole row)."""
+        (``ids`` unique, ``square_sums`` over the whole row): the rows gathered, updated in
+        float32 and written back (``scatter.write_rows``)."""
         acc = self.get_slot(var, ROW_SLOT)
-        mean = tf.expand_dims(square_sums, 1) / table_mark(var).dim
-        added = scatter_in_pieces(_scatter_add(acc), var.device, ids, mean)
-        with tf.control_dependencies([added]):
-            acc_rows = tf.gather(acc, ids)
+        acc_rows = tf.gather(acc, ids) + tf.expand_dims(square_sums, 1) / table_mark(var).dim
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
-        if not is_narrow(var.dtype):
-            return scatter_in_pieces(_scatter_add(var), var.device, ids, step)
         new = tf.cast(tf.gather(var, ids), tf.float32) + step
-        # a plain loop at any size: TF's parallel path is for the adding scatters only
-        return tf.raw_ops.ResourceScatterUpdate(
-            resource=var.handle, indices=ids, updates=self._rounded(var, ids, new)
-        )
+        if is_narrow(var.dtype):
+            new = self._rounded(var, ids, new)
+        return tf.group(write_rows(acc, ids, acc_rows), write_rows(var, ids, new))
 
     def _rounded(self, var, ids, rows):
         """float32 ``rows`` (the rows ``ids`` of ``var``) stochastically rounded to ``var``'s
@@ -220,10 +215,3 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
             epsilon=self.epsilon,
         )
         return config
-
-
-def _scatter_add(var):
-    """``var[indices] += updates`` as ``(indices, updates) -> op``."""
-    return lambda ids, updates: tf.raw_ops.ResourceScatterAdd(
-        resource=var.handle, indices=ids, updates=updates
-    )

@@ -1,8 +1,8 @@
 """Sparse table updates (merlin_models_de/scatter.py). Adds in pieces of at most 1,023 rows: the
 same table as one scatter, the pieces really issued (sizes known and unknown when traced), one
-call on a GPU, and the optimizers that use them (Keras' legacy SGD on table shards,
-RowWiseAdagrad) against their references. Adagrad's rows gathered and written back: the floats
-of TF's fused kernel, through Keras' legacy Adagrad on table shards only."""
+call on a GPU, and Keras' legacy SGD on table shards against its reference. Adagrad's rows
+gathered and written back: the floats of TF's fused kernel, through Keras' legacy Adagrad on
+table shards only, and RowWiseAdagrad's on many rows against its reference."""
 
 from types import SimpleNamespace
 
@@ -136,7 +136,7 @@ def test_legacy_sgd_adds_a_table_shards_gradient_in_pieces():
     assert scatter_sizes(step_plain) == [2 * PIECE_ROWS + 7]  # not a table: as Keras has it
 
 
-def test_row_wise_adagrad_updates_many_rows_in_pieces_as_the_reference():
+def test_row_wise_adagrad_updates_many_rows_as_the_reference():
     rows_total = 3000
     start = np.random.default_rng(2).normal(size=(rows_total, DIM)).astype(np.float32)
     var = marked(start)
