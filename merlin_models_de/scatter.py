@@ -15,14 +15,15 @@ pieces gets both adds, in either order (its float sum may differ in the last bit
 on the kernel's parallel path). A GPU kernel has no such switch, and there every piece would
 be a launch: variables on a GPU get one call.
 
-Adagrad: TF's fused ``ResourceSparseApplyAdagradV2`` updates a table's rows one at a time, the
-accumulator row then the table row, each waiting for its memory. Gathering the rows, updating
-them as whole tensors and writing them back (``ResourceScatterUpdate``: a copy per row) does
-the same arithmetic in the same order, so the result is the same floats. Measured like the
-scatters above (1,024 unique rows of 16, 13 tables a call, huge pages): 159-177 us against
-120-145 us a table of 10M rows, 112-117 against 84-89 at 100k rows, 8-9 against 10-11 for 50
-rows of a 1k-row table. ``RowWiseAdagrad`` writes its rows and row accumulators back the same
-way (:func:`write_rows`).
+Adagrad: TF's fused CPU kernel ``ResourceSparseApplyAdagradV2`` updates a table's rows one at
+a time, the accumulator row then the table row, each waiting for its memory. Gathering the
+rows, updating them as whole tensors and writing them back (``ResourceScatterUpdate``: a copy
+per row) does the same arithmetic in the same order, so the result is the same floats.
+Measured like the scatters above (1,024 unique rows of 16, 13 tables a call, huge pages), the
+fused kernel against the write-back: 159-177 us against 120-145 us a table of 10M rows,
+112-117 against 84-89 at 100k rows, and 8-9 against 10-11 for 50 rows of a 1k-row table (the
+write-back's few more ops). On a GPU Keras' fused kernel stays. ``RowWiseAdagrad`` writes its
+rows and row accumulators back the same way (:func:`write_rows`), on any device.
 
 Example:
     >>> scatter_in_pieces(add, var.device, ids, rows)  # doctest: +SKIP
@@ -68,27 +69,18 @@ def scatter_in_pieces(scatter, device: str, indices, updates):
 
 
 def adagrad_rows(var, accumulator, indices, grad, lr, epsilon):
-    """Keras' Adagrad update of the rows ``indices`` (unique) of ``var``:
+    """Keras' Adagrad update of the rows ``indices`` (unique) of ``var`` on a CPU:
     ``accumulator[i] += grad**2``, then ``var[i] -= lr * grad / (sqrt(accumulator[i]) +
-    epsilon)``, the floats of TF's fused kernel; that kernel itself on a GPU. Returns the op
-    that runs after both writes."""
-    if on_gpu(var.device):
-        return tf.raw_ops.ResourceSparseApplyAdagradV2(
-            var=var.handle,
-            accum=accumulator.handle,
-            lr=lr,
-            epsilon=epsilon,
-            grad=grad,
-            indices=indices,
-        )
+    epsilon)``, the floats of TF's fused CPU kernel (neither contracts a multiply-add). Returns
+    the op that runs after both writes."""
     acc_rows = tf.gather(accumulator, indices) + tf.square(grad)
     rows = tf.gather(var, indices) - lr * grad / (tf.sqrt(acc_rows) + epsilon)
     return tf.group(write_rows(accumulator, indices, acc_rows), write_rows(var, indices, rows))
 
 
 def write_rows(var, indices, rows):
-    """``var[indices] = rows`` (``indices`` unique): TF's assignment kernel, a plain loop of
-    row copies at any size (it has no parallel path to avoid)."""
+    """``var[indices] = rows`` (``indices`` unique): on a CPU TF's assignment kernel, a plain
+    loop of row copies at any size (it has no parallel path to avoid); one kernel on a GPU."""
     return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=rows)
 
 

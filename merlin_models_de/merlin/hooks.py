@@ -61,7 +61,7 @@ from merlin_models_de.merlin.optimizers import (
     slot_copies,
 )
 from merlin_models_de.persistence.export import save_single_process
-from merlin_models_de.scatter import adagrad_rows, scatter_in_pieces
+from merlin_models_de.scatter import adagrad_rows, on_gpu, scatter_in_pieces
 from merlin_models_de.variables import (
     embedding_blocks,
     has_row_state,
@@ -275,7 +275,7 @@ def install() -> None:
     # SGD's update of a table shard in pieces TF's CPU kernel loops over (see scatter.py)
     keras_compat.install_sgd_pieces(scatter_in_pieces, is_table_shard)
     # and Adagrad's, rows gathered and written back instead of TF's fused row loop
-    keras_compat.install_adagrad_rows(adagrad_rows, is_table_shard)
+    keras_compat.install_adagrad_rows(adagrad_rows, is_cpu_table_shard)
     merlin_compat.install_output_hooks(_is_table_handle, _tie_to_handle)
     merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)
 
@@ -283,6 +283,12 @@ def install() -> None:
 def is_table_shard(var) -> bool:
     """Whether ``var`` holds (a shard of) a table of the block."""
     return table_mark(var) is not None
+
+
+def is_cpu_table_shard(var) -> bool:
+    """Whether ``var`` holds (a shard of) a table of the block outside a GPU (there Keras'
+    fused kernels need no help)."""
+    return is_table_shard(var) and not on_gpu(var.device)
 
 
 def _is_table_handle(to_call) -> bool:

@@ -79,7 +79,8 @@ CPU_NOTE = (
     "SGD, 3.1-9.3 with Adagrad); lookup_ms fitted to the bench's step breakdown (train_step "
     "alone, Criteo, 2 ranks x 512), memory_optimized against work_balanced in 4 interleaved "
     "pairs: 1.26-2.00 ms (mean 1.63) less with SGD, 1.52-1.99 (1.76) with Adagrad; "
-    "0.06 ms predicts 1.63 and 1.88"
+    "0.06 ms predicts 1.63 and 1.88; all timed before SGD's adds ran in pieces and Adagrad's "
+    "table rows were written back (the update paths of merlin_models_de.scatter)"
 )
 GPU_NOTE = (
     "assumed, not measured: an A100 gathers and scatters random rows at about 1 TB/s of "

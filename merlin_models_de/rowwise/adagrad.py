@@ -187,7 +187,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         acc = self.get_slot(var, ROW_SLOT)
         acc_rows = tf.gather(acc, ids) + tf.expand_dims(square_sums, 1) / table_mark(var).dim
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
-        new = tf.cast(tf.gather(var, ids), tf.float32) + step
+        new = tf.cast(tf.gather(var, ids), step.dtype) + step  # float32 for 16-bit rows
         if is_narrow(var.dtype):
             new = self._rounded(var, ids, new)
         return tf.group(write_rows(acc, ids, acc_rows), write_rows(var, ids, new))

@@ -2,7 +2,7 @@
 same table as one scatter, the pieces really issued (sizes known and unknown when traced), one
 call on a GPU, and Keras' legacy SGD on table shards against its reference. Adagrad's rows
 gathered and written back: the floats of TF's fused kernel, through Keras' legacy Adagrad on
-table shards only, and RowWiseAdagrad's on many rows against its reference."""
+CPU table shards only, and RowWiseAdagrad's on many rows against its reference."""
 
 from types import SimpleNamespace
 
@@ -136,9 +136,10 @@ def test_legacy_sgd_adds_a_table_shards_gradient_in_pieces():
     assert scatter_sizes(step_plain) == [2 * PIECE_ROWS + 7]  # not a table: as Keras has it
 
 
-def test_row_wise_adagrad_updates_many_rows_as_the_reference():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_wise_adagrad_updates_many_rows_as_the_reference(dtype):
     rows_total = 3000
-    start = np.random.default_rng(2).normal(size=(rows_total, DIM)).astype(np.float32)
+    start = np.random.default_rng(2).normal(size=(rows_total, DIM)).astype(dtype)
     var = marked(start)
     ref_var, ref = tf.Variable(start), NumpyRowWiseAdagrad(0.3, 0.1, 1e-7)
     opt = RowWiseAdagrad(0.3, initial_accumulator_value=0.1, epsilon=1e-7)
@@ -149,15 +150,19 @@ def test_row_wise_adagrad_updates_many_rows_as_the_reference():
 
     rng = np.random.default_rng(5)
     for _ in range(2):
-        ids = rng.integers(0, rows_total, 2500).astype(np.int64)  # > 2 pieces after dedup
+        ids = rng.integers(0, rows_total, 2500).astype(np.int64)  # many rows, many repeats
         grad = tf.IndexedSlices(
-            tf.constant(rng.normal(size=(2500, DIM)).astype(np.float32)),
+            tf.constant(rng.normal(size=(2500, DIM)).astype(dtype)),
             tf.constant(ids),
             tf.constant([rows_total, DIM], tf.int64),
         )
         apply(grad)
         ref.apply_gradients([(grad, ref_var)])
     np.testing.assert_allclose(var.numpy(), ref_var.numpy(), rtol=1e-5, atol=1e-6)
+    # written back: no adding scatter, no loop over pieces
+    types = op_types(apply, grad)
+    assert "ResourceScatterUpdate" in types
+    assert not {"ResourceScatterAdd", "While", "StatelessWhile"} & set(types)
 
 
 def op_types(fn, *args):
@@ -193,15 +198,14 @@ def test_adagrad_rows_are_the_floats_of_tfs_fused_kernel():
     assert "ResourceSparseApplyAdagradV2" not in op_types(composed, ids, grad)
 
 
-def test_adagrad_rows_on_a_gpu_run_the_fused_kernel():
-    # no GPU here: a variable's handle under a GPU's device name, the op only built
-    with tf.Graph().as_default():
-        real, acc = tf.Variable(tf.zeros([ROWS, DIM])), tf.Variable(tf.ones([ROWS, DIM]))
-        var = SimpleNamespace(
-            device="/job:localhost/replica:0/task:0/device:GPU:0", handle=real.handle
-        )
-        op = adagrad_rows(var, acc, tf.constant([1, 2], tf.int64), tf.ones([2, DIM]), 0.1, 1e-7)
-        assert op.type == "ResourceSparseApplyAdagradV2"
+def test_adagrad_on_a_gpu_keeps_keras_fused_kernel():
+    table = marked(np.zeros([ROWS, DIM], np.float32), name="cpu")
+    # no GPU here: a table's stand-in under a GPU's device name
+    on_gpu = SimpleNamespace(device="/job:localhost/replica:0/task:0/device:GPU:0")
+    mark_table(on_gpu, TableMark("gpu", DIM, DIM))
+    assert hooks.is_cpu_table_shard(table)
+    assert not hooks.is_cpu_table_shard(on_gpu)
+    assert not hooks.is_cpu_table_shard(tf.Variable(tf.zeros([ROWS, DIM])))  # not a table
 
 
 def test_legacy_adagrad_updates_a_table_shards_rows_by_gather_and_write():
