@@ -41,8 +41,7 @@ def scatter_in_pieces(scatter, device: str, indices, updates):
     """``scatter(indices, updates)`` (it issues one scatter op and returns it) in pieces of at
     most :data:`PIECE_ROWS` rows when the variable's ``device`` is not a GPU; returns what runs
     after every piece (an op, the loop's counter, or None when eager). A size known when traced
-    is cut by one
-    ``tf.split`` per input, an unknown one in a ``tf.while_loop``."""
+    is cut by one ``tf.split`` per input, an unknown one in a ``tf.while_loop``."""
     rows = indices.shape[0]
     if on_gpu(device) or (rows is not None and rows <= PIECE_ROWS):
         return scatter(indices, updates)

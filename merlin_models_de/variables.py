@@ -68,6 +68,11 @@ def table_mark(var) -> TableMark | None:
     return getattr(var, TABLE_ATTR, None)
 
 
+def is_table(var) -> bool:
+    """Whether ``var`` holds (a shard of) an embedding table of the block."""
+    return table_mark(var) is not None
+
+
 def mark_column_sync(var, prefix: str, tables: tuple, owner: int) -> None:
     """Marks ``var`` (a variable every rank of a block holds and trains) with the block's
     collective ``prefix``, column-sliced ``tables`` and ``owner`` key (its table marks'): an

@@ -65,8 +65,8 @@ from merlin_models_de.scatter import adagrad_rows, on_gpu, scatter_in_pieces
 from merlin_models_de.variables import (
     embedding_blocks,
     has_row_state,
+    is_table,
     local_slot_refs,
-    table_mark,
 )
 
 
@@ -273,22 +273,17 @@ def install() -> None:
     # and loops that apply gradients themselves, when the optimizer updates a 16-bit table
     keras_compat.install_apply_check(check_updated_tables)
     # SGD's update of a table shard in pieces TF's CPU kernel loops over (see scatter.py)
-    keras_compat.install_sgd_pieces(scatter_in_pieces, is_table_shard)
+    keras_compat.install_sgd_pieces(scatter_in_pieces, is_table)
     # and Adagrad's, rows gathered and written back instead of TF's fused row loop
     keras_compat.install_adagrad_rows(adagrad_rows, is_cpu_table_shard)
     merlin_compat.install_output_hooks(_is_table_handle, _tie_to_handle)
     merlin_compat.install_top_k_encoder_hook(top_k_encoder_layer)
 
 
-def is_table_shard(var) -> bool:
-    """Whether ``var`` holds (a shard of) a table of the block."""
-    return table_mark(var) is not None
-
-
 def is_cpu_table_shard(var) -> bool:
     """Whether ``var`` holds (a shard of) a table of the block outside a GPU (there Keras'
     fused kernels need no help)."""
-    return is_table_shard(var) and not on_gpu(var.device)
+    return is_table(var) and not on_gpu(var.device)
 
 
 def _is_table_handle(to_call) -> bool:
