@@ -68,6 +68,15 @@ class TableSpec:
     dim: int
     features: tuple[FeatureSpec, ...]
 
+    def __post_init__(self):
+        # a table of no rows or columns would be planned into shards of no (or negative) rows
+        for what, value in (("rows", self.rows), ("dim", self.dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"Table '{self.name}' needs {what} to be an int >= 1. "
+                    f"Received: {what}={value!r}"
+                )
+
     @property
     def elements(self) -> int:
         """Number of parameters of the table."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from merlin_models_de.planner.hotness import check_hotness
 from merlin_models_de.planner.slicing import (
     auto_column_threshold,
     classify,
@@ -35,7 +36,7 @@ from merlin_models_de.planner.types import (
     row_slots,
 )
 from merlin_models_de.planner.work import Workload
-from merlin_models_de.tables import TableSpec
+from merlin_models_de.tables import TableSpec, feature_order
 
 __all__ = [
     "plan",
@@ -96,8 +97,7 @@ def _room(tables, dp, rs, world_size, max_rank_elements) -> int | None:
     tables and the largest row slices (None: no budget)."""
     if max_rank_elements is None:
         return None
-    room = max_rank_elements - sum(tables[i].elements for i in dp)
-    return room - sum(row_ranges(tables[i].rows, world_size)[0][1] * tables[i].dim for i in rs)
+    return max_rank_elements - _fixed_elements(tables, dp, rs, world_size)
 
 
 def _model_parallel_shards(
@@ -133,6 +133,65 @@ def _model_parallel_shards(
             next_col[i] += cols
         per_rank.append(shards)
     return per_rank
+
+
+def _all_shards(tables, dp, rs, mp_shards, world_size) -> list[Shard]:
+    """Rank by rank: the replicated tables, the model-parallel shards, the row slices."""
+    shards: list[Shard] = []
+    for rank in range(world_size):
+        shards += [
+            Shard(t.name, rank, ShardingType.DATA_PARALLEL, 0, t.rows, 0, t.dim)
+            for t in (tables[i] for i in dp)
+        ]
+        shards += mp_shards[rank]
+        for i in rs:
+            start, count = row_ranges(tables[i].rows, world_size)[rank]
+            shards.append(
+                Shard(tables[i].name, rank, ShardingType.ROW_WISE, start, count, 0, tables[i].dim)
+            )
+    return shards
+
+
+def _fullest(shards) -> int:
+    """The elements of the rank holding the most."""
+    per_rank: dict[int, int] = {}
+    for s in shards:
+        per_rank[s.rank] = per_rank.get(s.rank, 0) + s.elements
+    return max(per_rank.values(), default=0)
+
+
+def _least_fullest(tables, dp, mp, rs, world_size, threshold) -> int:
+    """The fullest rank's elements when the same slices are dealt largest first to the
+    emptiest rank (``memory_optimized``), counted as ``work_balanced``'s bound counts them:
+    every replicated table and the largest row slices, plus the fullest model-parallel load.
+    ``work_balanced`` keeps any ``max_rank_elements`` at or above it."""
+    fixed = _fixed_elements(tables, dp, rs, world_size)
+    dealt = _model_parallel_shards(tables, mp, world_size, "memory_optimized", threshold)
+    return fixed + max((sum(s.elements for s in r) for r in dealt), default=0)
+
+
+def _fixed_elements(tables, dp, rs, world_size) -> int:
+    """Elements every placement puts on its fullest rank before the model-parallel slices:
+    the replicated tables and the largest row slice of each row-sliced table."""
+    rows = sum(row_ranges(tables[i].rows, world_size)[0][1] * tables[i].dim for i in rs)
+    return sum(tables[i].elements for i in dp) + rows
+
+
+def _over_cap(cap: int, strategy: str, fullest: int, least: int, world_size: int) -> str:
+    """The error of a placement whose fullest rank holds more than ``max_rank_elements``."""
+    if least <= cap:  # another strategy keeps to it
+        fix = f"use strategy='work_balanced', which keeps to max_rank_elements >= {least}"
+    else:
+        fix = (
+            f"raise max_rank_elements to at least {least}, use more ranks, or slice the "
+            "tables finer (column_slice_threshold, row_slice_threshold)"
+        )
+    return (
+        f"Strategy '{strategy}' puts {fullest} elements on its fullest rank, above "
+        f"max_rank_elements; the smallest per-rank maximum the planner reaches with these "
+        f"tables on {world_size} ranks is {least} elements. To fit, {fix}. "
+        f"Received: max_rank_elements={cap}"
+    )
 
 
 def plan(
@@ -171,8 +230,10 @@ def plan(
             else ``hotness.DEFAULT_MULTI_HOT``), the optimizer whose slots the
             update writes, the link (and its device) of ``planner.cost.LINKS``. Other
             strategies ignore them; the plan does not record them.
-        max_rank_elements: ``work_balanced``: embedding parameters a rank may hold (every
-            kind), in place of the bound relative to ``memory_optimized``.
+        max_rank_elements: Embedding parameters a rank may hold (every kind): no rank of
+            the plan holds more, or ValueError names the smallest per-rank maximum the
+            planner reaches. ``work_balanced`` places within it (in place of the bound
+            relative to ``memory_optimized``); the other strategies are only checked.
 
     Returns:
         A frozen ShardingPlan.
@@ -190,6 +251,7 @@ def plan(
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         raise ValueError(f"Table names must be unique. Received: {names}")
+    check_hotness(hotness, feature_order(tables))
     dp, mp, rs = classify(tables, data_parallel_threshold, row_slice_threshold)
     for i in rs:
         if tables[i].rows < world_size:
@@ -208,18 +270,11 @@ def plan(
         room,
         workload,
     )
-    shards: list[Shard] = []
-    for rank in range(world_size):
-        shards += [
-            Shard(t.name, rank, ShardingType.DATA_PARALLEL, 0, t.rows, 0, t.dim)
-            for t in (tables[i] for i in dp)
-        ]
-        shards += mp_shards[rank]
-        for i in rs:
-            start, count = row_ranges(tables[i].rows, world_size)[rank]
-            shards.append(
-                Shard(tables[i].name, rank, ShardingType.ROW_WISE, start, count, 0, tables[i].dim)
-            )
+    shards = _all_shards(tables, dp, rs, mp_shards, world_size)
+    fullest = _fullest(shards)
+    if max_rank_elements is not None and fullest > max_rank_elements:
+        least = _least_fullest(tables, dp, mp, rs, world_size, column_slice_threshold)
+        raise ValueError(_over_cap(max_rank_elements, strategy, fullest, least, world_size))
     options = (
         ("column_slice_threshold", column_slice_threshold),
         ("data_parallel_threshold", data_parallel_threshold),

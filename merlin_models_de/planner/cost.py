@@ -312,7 +312,7 @@ def step_costs(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an int >= {least}. Received: {name}={value!r}")
-    check_hotness(hotness)
+    check_hotness(hotness, feature_order(plan.tables))
     features = tuple(feature_order(plan.tables) if features is None else features)
     n, b, d = plan.world_size, batch_size, dtype_bytes
     x = exchange_bytes or d  # rows of model-parallel tables (row-sliced partials stay d)

@@ -23,7 +23,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from typing import Mapping, Sequence
 
 from merlin_models_de.tables import FeatureSpec
 
@@ -32,9 +33,11 @@ from merlin_models_de.tables import FeatureSpec
 DEFAULT_MULTI_HOT = 4.0
 
 
-def check_hotness(hotness) -> None:
-    """Raises ValueError naming ``hotness`` unless it is None, a number >= 0 or a dict of
-    them by feature name (the feature named where its value is wrong)."""
+def check_hotness(hotness, features: Sequence[FeatureSpec] | None = None) -> None:
+    """Raises ValueError naming ``hotness`` unless it is None, a finite number >= 0 or a dict
+    of them by feature name (the feature named where its value is wrong); with ``features``
+    (the tables' features), also where the dict names a feature that is not one of them (a
+    misspelt name would otherwise fall back to the default without a word)."""
     if isinstance(hotness, Mapping):
         for name, value in hotness.items():
             if value is not None and not _is_count(value):
@@ -42,6 +45,14 @@ def check_hotness(hotness) -> None:
                     f"hotness of feature '{name}' must be a number >= 0. "
                     f"Received: hotness={dict(hotness)!r}"
                 )
+        known = {f.name for f in features or ()}
+        unknown = sorted(str(name) for name in hotness if name not in known)
+        if features is not None and unknown:
+            multi = [f.name for f in features if f.multi_hot]
+            raise ValueError(
+                f"hotness names features that the tables do not have: {unknown} (multi-hot "
+                f"features: {multi}). Received: hotness={dict(hotness)!r}"
+            )
     elif hotness is not None and not _is_count(hotness):
         raise ValueError(
             f"hotness must be a number >= 0 or a dict of them by feature. "
@@ -62,4 +73,6 @@ def ids_per_sample(feature: FeatureSpec, hotness=None) -> float:
 
 
 def _is_count(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value >= 0
+    # inf passes ">= 0" but no step reads infinitely many ids (int(inf) raises OverflowError)
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    return number and math.isfinite(value) and value >= 0

@@ -3,22 +3,39 @@ cost model, the plan command): from ``--hotness``, else the schema's ``value_cou
 
 from __future__ import annotations
 
+import math
+
 from merlin_models_de.tables import declared_hotness
 
 
 def parse_hotness(text):
-    """``'3'`` -> 3.0; ``'a=2,b=5.5'`` -> ``{'a': 2.0, 'b': 5.5}``; None -> None."""
+    """``'3'`` -> 3.0; ``'a=2,b=5.5'`` -> ``{'a': 2.0, 'b': 5.5}``; None -> None. Every value
+    is a finite number >= 0 (``inf``, ``nan`` and negatives raise ValueError naming it)."""
     if text is None:
         return None
     try:
         if "=" not in text:
-            return float(text)
+            return _ids(text)
         pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
-        return {name.strip(): float(value) for name, value in pairs}
-    except ValueError:
+        return {_name(name): _ids(value) for name, value in pairs}
+    except ValueError as err:
         raise ValueError(
-            f"--hotness must be a number or feature=number,... " f"Received: --hotness={text!r}"
+            f"--hotness must be a number >= 0 or feature=number,... ({err}). "
+            f"Received: --hotness={text!r}"
         ) from None
+
+
+def _ids(value: str) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{value.strip()!r} is not a finite number >= 0")
+    return number
+
+
+def _name(name: str) -> str:
+    if not name.strip():
+        raise ValueError("a value without a feature name")
+    return name.strip()
 
 
 def schema_hotness(schema, features) -> dict:
