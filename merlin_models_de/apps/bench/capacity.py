@@ -40,6 +40,7 @@ from merlin_models_de.apps.bench.runs import DEFAULT_OUT, OUT_HELP, horovodrun, 
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.optimizers import OPTIMIZERS
 from merlin_models_de.apps.common.options import parse_bytes
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.persistence.io import read_json
 from merlin_models_de.tables import TABLE_DTYPES
 
@@ -315,7 +316,7 @@ def _predicted_again(args) -> list[dict]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m merlin_models_de.apps.bench.capacity",
+        prog=program_name("merlin_models_de.apps.bench.capacity"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

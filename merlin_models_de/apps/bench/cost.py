@@ -22,6 +22,7 @@ import sys
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.hotness import parse_hotness, resolve_hotness
 from merlin_models_de.apps.common.options import ints, write_json
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
 from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, plan, validate_options
 from merlin_models_de.planner.cost import (
@@ -42,7 +43,7 @@ DEFAULT_ALLREDUCE_ROUNDS = 2
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m merlin_models_de.apps.bench.cost",
+        prog=program_name("merlin_models_de.apps.bench.cost"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

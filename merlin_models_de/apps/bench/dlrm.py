@@ -55,6 +55,7 @@ from merlin_models_de.apps.bench.runs import (
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.optimizers import LEARNING_RATES
 from merlin_models_de.apps.common.options import INPUTS, LOCAL_TABLES
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.backends.registry import AUTO, BACKEND_NAMES, is_installed
 from merlin_models_de.persistence.io import read_json
 from merlin_models_de.planner import STRATEGIES
@@ -63,7 +64,7 @@ from merlin_models_de.tables import human_bytes
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m merlin_models_de.apps.bench",
+        prog=program_name("merlin_models_de.apps.bench"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -518,7 +519,9 @@ def main(argv=None) -> int:
             "rows": list(rows.values()),
             "breakdown": breakdowns,
             "failed": failed,
-            "command": "python -m merlin_models_de.apps.bench " + " ".join(argv or sys.argv[1:]),
+            "command": " ".join(
+                [program_name("merlin_models_de.apps.bench"), *(argv or sys.argv[1:])]
+            ),
         },
     )
     print(

@@ -37,6 +37,7 @@ from merlin_models_de.apps.bench.runs import (
 )
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.optimizers import LEARNING_RATES
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.tables import human_bytes
 
 SAMPLED = "sharded, sampled (global in-batch)"
@@ -45,7 +46,7 @@ RUNS = ("single", "data-parallel", "sharded", SAMPLED)
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m merlin_models_de.apps.bench.next_item",
+        prog=program_name("merlin_models_de.apps.bench.next_item"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -59,8 +59,9 @@ EXCHANGES = (
 
 def _parser():
     from merlin_models_de.apps.common.dlrm_options import parser
+    from merlin_models_de.apps.common.program import program_name
 
-    ap = parser("python -m merlin_models_de.apps.bench.step_breakdown", __doc__)
+    ap = parser(program_name("merlin_models_de.apps.bench.step_breakdown"), __doc__)
     ap.add_argument("--part", choices=PARTS, default="distributed")
     ap.add_argument("--iterations", type=int, default=50, help="timed calls per piece")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per piece first")

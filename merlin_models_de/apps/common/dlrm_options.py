@@ -22,6 +22,7 @@ from merlin_models_de.apps.common.options import (
     parquet_files_problem,
     world,
 )
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
@@ -29,14 +30,16 @@ from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
 from merlin_models_de.schemas import synthetic_dataset_names
 from merlin_models_de.tables import TABLE_DTYPES, narrow_table_bytes
 
-PROG = "python -m merlin_models_de.apps.dlrm"
+MODULE = "merlin_models_de.apps.dlrm"
 
 
-def parser(prog: str = PROG, description: str | None = None) -> argparse.ArgumentParser:
+def parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
     """The DLRM command's options (``prog`` and ``description``: the help's, of the command
-    that parses them)."""
+    that parses them; ``prog`` defaults to the DLRM command as the user started it)."""
     ap = OneLineParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog or program_name(MODULE),
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     data = ap.add_argument_group("data")
     data.add_argument("--rows", type=int, default=100_000, help="synthetic training rows")

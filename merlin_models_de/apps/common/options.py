@@ -190,13 +190,38 @@ def dataset_dir_problem(flag: str, path: str | None) -> str | None:
 
 def parquet_files_problem(flag: str, path: str | None) -> str | None:
     """The problem with a dataset directory that holds no ``.parquet`` file (a schema only:
-    Merlin would try to read the schema as parquet), or None."""
+    Merlin would try to read the schema as parquet), only files without rows (Merlin's
+    loader fails deep in pandas), or a file that is not parquet; or None."""
     if path is None or not os.path.isdir(path):
         return None
-    for _, _, names in os.walk(path):
-        if any(name.endswith(".parquet") for name in names):
+    files = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(path)
+        for name in names
+        if name.endswith(".parquet")
+    )
+    if not files:
+        return f"{flag} holds no .parquet files (only its schema?). Received: {flag}={path!r}"
+    return parquet_rows_problem(flag, path, files)
+
+
+def parquet_rows_problem(flag: str, path: str, files: list[str]) -> str | None:
+    """The problem when none of ``files`` (the ``.parquet`` files of ``path``) holds a row,
+    or one cannot be read as parquet; None at the first file with rows (reads footers only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for file in files:
+        try:
+            rows = pq.ParquetFile(file).metadata.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            return f"{flag} holds a file that is not parquet ({exc}). Received: {file!r}"
+        if rows > 0:
             return None
-    return f"{flag} holds no .parquet files (only its schema?). Received: {flag}={path!r}"
+    return (
+        f"{flag} holds no rows: its {len(files)} .parquet file(s) are empty. "
+        f"Received: {flag}={path!r}"
+    )
 
 
 def memory_problem(what: str, needed: int, flag: str, value) -> str | None:

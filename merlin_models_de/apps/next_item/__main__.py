@@ -60,6 +60,7 @@ from merlin_models_de.apps.common.options import (
     report_problem,
     world,
 )
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.apps.next_item.data import ITEM, row_slice_threshold
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, validate_options
@@ -74,7 +75,7 @@ DEFAULTS = {"items": 1_000_000, "max_length": 20, "sessions": 4096}
 def parser() -> argparse.ArgumentParser:
     """The command's options."""
     ap = OneLineParser(
-        prog="python -m merlin_models_de.apps.next_item",
+        prog=program_name("merlin_models_de.apps.next_item"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

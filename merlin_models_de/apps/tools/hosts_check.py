@@ -13,6 +13,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from merlin_models_de.apps.common.program import program_name
+
 
 def unreachable(
     hosts: list, timeout: float, port: int | None = None, identity: str | None = None
@@ -45,7 +47,7 @@ def unreachable(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m merlin_models_de.apps.tools.hosts_check")
+    ap = argparse.ArgumentParser(prog=program_name("merlin_models_de.apps.tools.hosts_check"))
     ap.add_argument("-H", "--hosts", required=True, help="horovodrun's -H (host:slots,...)")
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds per host (at once)")
     ap.add_argument("-p", "--ssh-port", type=int, default=None)

@@ -27,6 +27,7 @@ import sys
 import time
 
 from merlin_models_de.apps.common.options import ints, write_json
+from merlin_models_de.apps.common.program import program_name
 
 DEFAULT_SIZES = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 
@@ -53,7 +54,7 @@ def fit(points) -> tuple[float, float]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m merlin_models_de.apps.tools.link_probe",
+        prog=program_name("merlin_models_de.apps.tools.link_probe"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -25,6 +25,7 @@ import sys
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.hotness import parse_hotness, resolve_hotness
 from merlin_models_de.apps.common.options import parse_bytes
+from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.apps.tools.fit import (  # noqa: F401 (the command's API)
     MAX_PLANS,
     MAX_WORLD_SIZE,
@@ -92,7 +93,9 @@ def rank_listing(placement) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="mmde-plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name("merlin_models_de.apps.tools.plan"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("schema", help="schema file, dataset directory or synthetic dataset name")
     ap.add_argument(
