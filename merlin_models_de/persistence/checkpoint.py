@@ -56,10 +56,11 @@ from merlin_models_de.persistence.layout import (
     free_name,
     leftovers,
     part_stem,
+    pointer_problem,
     shard_file,
     write_latest,
 )
-from merlin_models_de.persistence.lock import DirectoryLock
+from merlin_models_de.persistence.lock import CheckpointLockedError, DirectoryLock
 from merlin_models_de.persistence.manifest import (
     FORMAT,
     check_complete,
@@ -129,21 +130,24 @@ def save_checkpoint(model, directory: str, step: int | None = None, keep: int | 
     tmp = shared[0][0]
     lock = DirectoryLock(directory) if comm.rank() == 0 else None
     total = sum(size for _, _, size in shared)
+    held = None  # rank 0's lock once taken
     try:
         stale, _ = _stage(
             "save (claim the directory)",
             lambda: _claim(lock, directory, total, prepared.local_bytes),
         )
+        held = lock
         parts = _merge_parts(state.blocks, [local for _, local, _ in shared])
-        _stage("save (write shards)", lambda: _write_shards(state, tmp, parts))
+        _stage("save (write shards)", lambda: _holding(lock, _write_shards, state, tmp, parts))
         _, done = _stage(
             "save (commit)",
-            lambda: _commit(state, directory, tmp, step, parts, keep, stale),
+            lambda: _holding(lock, _commit, state, directory, tmp, step, parts, keep, stale, lock),
             share=lambda final: final,
         )
-    except Exception:
+    except Exception as exc:
         if comm.rank() == 0:  # every rank is past its writes (stages agree): the copy can go
             shutil.rmtree(tmp, ignore_errors=True)
+            _if_lock_lost(held, exc)  # another rank's write failed: was the lock lost?
         raise
     finally:
         if lock is not None:
@@ -161,8 +165,29 @@ def _claim(lock, directory, total, local_bytes):
     check_free_space(
         directory, total, "the new checkpoint (the old ones stay until it is " "complete)"
     )
+    problem = pointer_problem(directory, "Remove it; the checkpoints beside it stay.")
+    if problem:  # refused before anything is written, not after the rename
+        raise StorageError(problem)
     lock.acquire()
     return leftovers(directory)
+
+
+def _if_lock_lost(lock, exc) -> None:
+    """Raises :class:`CheckpointLockedError` (from ``exc``) when another job took ``lock``
+    over: the taker removed this save's files, which is why ``exc`` happened."""
+    problem = lock.lost() if lock is not None else None
+    if problem:
+        raise CheckpointLockedError(problem) from exc
+
+
+def _holding(lock, work, *args):
+    """``work(*args)``; on rank 0 (which holds ``lock``) a failure after the lock was taken
+    over is reported as that."""
+    try:
+        return work(*args)
+    except Exception as exc:
+        _if_lock_lost(lock, exc)
+        raise
 
 
 @dataclass
@@ -243,12 +268,13 @@ def _write_shards(state, tmp, parts) -> None:
     fsync_directories(tmp, written)
 
 
-def _commit(state, directory, tmp, step, parts, keep, stale) -> str | None:
+def _commit(state, directory, tmp, step, parts, keep, stale, lock) -> str | None:
     """Rank 0: dense weights, manifest, the check that every file it lists is there whole,
     rename, ``latest``, then the clean-up (of what ``stale`` lists, never another writer's
-    temporaries)."""
+    temporaries) -- only while it still holds ``lock``."""
     if comm.rank() != 0:
         return None
+    lock.check_held()
     arrays, dense = {}, []
     for i, w in enumerate(state.dense):
         slots = sorted(state.slots(w).items())
@@ -279,6 +305,7 @@ def _commit(state, directory, tmp, step, parts, keep, stale) -> str | None:
     )
     check_complete(tmp)
     fsync_directory(tmp)  # dense.npz's entry (the manifest's is flushed with it)
+    lock.check_held()  # the last moment before the directory changes
     final = os.path.join(directory, free_name(directory, step))
     os.rename(tmp, final)  # a new name: the checkpoint `latest` names stays untouched
     fsync_directory(directory)  # the rename on disk before `latest` may name it

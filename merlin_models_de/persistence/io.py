@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import tokenize
 import uuid
 import zipfile
 
@@ -330,6 +331,22 @@ def _open_array(path: str, shape, dtype, dir_fd=None):
         raise
 
 
+# What NumPy raises on a damaged ``.npy`` header: it parses the header as a Python literal,
+# so a flipped bit surfaces as a tokenizer, syntax, type or key error as well as ValueError.
+_BAD_HEADER = (
+    OSError,
+    ValueError,
+    EOFError,
+    SyntaxError,
+    TypeError,
+    KeyError,
+    IndexError,
+    RecursionError,
+    MemoryError,
+    tokenize.TokenError,
+)
+
+
 def _check_header(f, path: str, shape, dtype) -> int:
     try:
         version = np.lib.format.read_magic(f)
@@ -340,8 +357,10 @@ def _check_header(f, path: str, shape, dtype) -> int:
         else:
             raise ValueError(f"unsupported .npy version {version}")
         offset, size = f.tell(), os.fstat(f.fileno()).st_size
-    except (OSError, ValueError, EOFError, SyntaxError) as exc:
-        raise StorageError(f"File {path} is not a readable .npy array: {exc}") from exc
+    except _BAD_HEADER as exc:
+        raise StorageError(
+            f"File {path} is not a readable .npy array: {type(exc).__name__}: {exc}"
+        ) from exc
     want = (tuple(int(n) for n in shape), np.dtype(dtype))
     if (tuple(found_shape), found_dtype) != want or fortran:
         raise StorageError(
@@ -436,8 +455,10 @@ def read_arrays(path: str, expected: dict) -> dict:
         raise
     except FileNotFoundError as exc:
         raise StorageError(f"File {path} is missing.") from exc
-    except (OSError, ValueError, EOFError, TypeError, KeyError, zipfile.BadZipFile) as exc:
-        raise StorageError(f"File {path} is not a readable .npz archive: {exc}") from exc
+    except (*_BAD_HEADER, zipfile.BadZipFile) as exc:
+        raise StorageError(
+            f"File {path} is not a readable .npz archive: {type(exc).__name__}: {exc}"
+        ) from exc
     for key, (shape, dtype) in expected.items():
         got = arrays[key]
         if got.shape != tuple(shape) or got.dtype != np.dtype(dtype):

@@ -84,8 +84,11 @@ def read_latest(directory: str) -> str | None:
             ``directory`` (an absolute path, ``..``, a symlink leading out).
     """
     pointer = os.path.join(directory, LATEST)
-    if not os.path.isfile(pointer):
+    if not os.path.lexists(pointer):
         return None
+    problem = pointer_problem(directory)
+    if problem:
+        raise StorageError(problem)
     try:
         with open(pointer, encoding="utf-8") as f:
             name = f.read(4096).strip()
@@ -104,6 +107,25 @@ def read_latest(directory: str) -> str | None:
             f"The checkpoint pointer {pointer} leads outside {directory}. "
             f"Received: latest={name!r}"
         ) from exc
+
+
+def pointer_problem(directory: str, advice: str = "") -> str | None:
+    """Why ``directory/latest`` is there but no file that can be read or replaced (a
+    directory, a symlink leading nowhere, a device), with ``advice``; or None."""
+    pointer = os.path.join(directory, LATEST)
+    if not os.path.lexists(pointer) or os.path.isfile(pointer):
+        return None
+    if os.path.isdir(pointer):
+        kind = "a directory"
+    elif os.path.islink(pointer) and not os.path.exists(pointer):
+        kind = f"a symlink to {os.readlink(pointer)!r}, which does not exist"
+    else:
+        kind = "not a regular file"
+    return (
+        f"The checkpoint pointer {pointer} is {kind}, not a file naming a checkpoint: no "
+        f"save can point it at a new checkpoint, and no restore can tell which to read."
+        f"{' ' + advice if advice else ''} Received: latest={kind!r}"
+    )
 
 
 def write_latest(directory: str, name: str) -> None:

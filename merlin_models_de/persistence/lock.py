@@ -2,16 +2,21 @@
 
 A save takes ``directory/.lock`` (created with its holder in it by a hard link, which like
 ``O_CREAT | O_EXCL`` fails when the file exists, so exactly one writer succeeds) for as long
-as it writes, and removes it at the end. The file names its holder: host, boot, pid and the
-pid's start time, launch, job and wall-clock start. A second job that tries to save
-meanwhile is refused with an error naming that holder, instead of both writing (and
-pruning) the same directory.
+as it writes, and removes it at the end. The file names its holder: host, boot, PID
+namespace, pid and the pid's start time, launch, job and wall-clock start. A second job that
+tries to save meanwhile is refused with an error naming that holder, instead of both writing
+(and pruning) the same directory.
 
 A lock is *stale* -- taken over with a warning, the leftovers of its holder's save removed
 by the new holder -- only when its holder provably cannot be writing any more:
 
-- on this host: its pid no longer runs, or runs another process (another start time, the
-  pid reused), or the host restarted since (another boot id);
+- on this host, in this PID namespace: its pid no longer runs, or runs another process
+  (another start time, the pid reused). A pid says nothing outside its namespace: containers
+  that share a host name (pods with host networking) each have a process 1, so a holder in
+  another namespace -- or in an unknown one: a lock of an earlier version -- is never judged
+  by its pid;
+- this host restarted since (another boot id, and the lock is older than this boot: a
+  younger lock with another boot id comes from another machine of the same name);
 - from this very launch (the same ``horovodrun``, or the same SLURM job *step*; an elastic
   job's rank 0 lost mid-save, seen from the new rank 0 on another host): saves are
   collective, so while this rank 0 saves no other rank of its launch is saving. A scheduler's
@@ -19,9 +24,12 @@ by the new holder -- only when its holder provably cannot be writing any more:
 - an empty lock older than :data:`EMPTY_STALE_SECONDS` (its writer died between creating
   and writing it: a holder writes it at once).
 
-Anything else blocks: a live holder, and a lock from another host (whose processes cannot be
-seen from here) or an unreadable one until it is :data:`STALE_AFTER_SECONDS` old. The error
-says which file to delete, after checking what, to release it sooner.
+Anything else blocks: a live holder, and a holder whose processes cannot be seen from here
+(another host, another PID namespace) or an unreadable lock until it is
+:data:`STALE_AFTER_SECONDS` old. The error says which file to delete, after checking what,
+to release it sooner. A holder whose lock was taken over all the same (it saved for longer
+than that) finds out before it commits (:meth:`DirectoryLock.check_held`) and raises naming
+the lock and the job that took it, instead of failing on files the taker removed.
 
 Example:
     >>> with DirectoryLock("ckpt/") as lock:  # doctest: +SKIP
@@ -33,11 +41,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import time
 import uuid
 import warnings
 
+from merlin_models_de.persistence.holder import (
+    boot_time,
+    describe,
+    is_holder,
+    process_start,
+    this_holder,
+)
 from merlin_models_de.persistence.io import StorageError
 
 LOCK = ".lock"
@@ -47,84 +61,10 @@ STALE_AFTER_SECONDS = 6 * 3600
 EMPTY_STALE_SECONDS = 5.0
 # errors of ``link`` on file systems without hard links (the lock is then made in two steps)
 _NO_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV, errno.EMLINK)
-_JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
 
 
 class CheckpointLockedError(StorageError):
     """Another live job holds the checkpoint directory (the message names it)."""
-
-
-def _launch_id() -> str | None:
-    """One id per running launch: horovodrun's rendezvous address (one per running
-    horovodrun, kept across an elastic job's resets), else the SLURM job step; else None."""
-    rendezvous = [os.environ.get(f"HOROVOD_GLOO_RENDEZVOUS_{k}") for k in ("ADDR", "PORT")]
-    if all(rendezvous):
-        return "horovodrun@{}:{}".format(*rendezvous)
-    step = [os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_STEP_ID")]
-    return "slurm-step@{}.{}".format(*step) if all(step) else None
-
-
-def _job_id() -> str | None:
-    """The scheduler's job id (for the messages: it names an allocation, not a launch)."""
-    return next((os.environ[v] for v in _JOB_VARIABLES if os.environ.get(v)), None)
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def process_start(pid) -> tuple[bool, int | None]:
-    """``(runs, start)`` of process ``pid`` on this host: whether it runs (a zombie does not)
-    and its start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), None where
-    the system does not say."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
-        return fields[0] != "Z", int(fields[19])
-    except FileNotFoundError:
-        if os.path.exists("/proc/self/stat"):
-            return False, None
-    except (OSError, ValueError, IndexError, TypeError, OverflowError):
-        pass
-    return _alive(pid), None
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError, TypeError):
-        return True  # exists (owned by someone else), or unreadable: assume it is alive
-    return True
-
-
-def describe(holder: dict) -> str:
-    """``host=..., pid=..., job=..., launch=..., started=<UTC time>`` of a lock's holder."""
-    started = holder.get("started")
-    when = (
-        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-        if isinstance(started, (int, float))
-        else repr(started)
-    )
-    return (
-        f"host={holder.get('host')!r}, pid={holder.get('pid')!r}, "
-        f"job={holder.get('job')!r}, launch={holder.get('launch')!r}, started={when}"
-    )
-
-
-def _is_holder(value) -> bool:
-    """True for a lock's content that names a holder (a host and a pid)."""
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("host"), str)
-        and isinstance(value.get("pid"), int)
-        and not isinstance(value.get("pid"), bool)
-    )
 
 
 class DirectoryLock:
@@ -134,17 +74,7 @@ class DirectoryLock:
         self.directory = directory
         self.path = os.path.join(directory, LOCK)
         self.token = uuid.uuid4().hex[:16]
-        pid = os.getpid()
-        self.holder = {
-            "host": socket.gethostname(),
-            "boot": _boot_id(),
-            "pid": pid,
-            "pid_start": process_start(pid)[1],
-            "launch": _launch_id(),
-            "job": _job_id(),
-            "started": time.time(),
-            "token": self.token,
-        }
+        self.holder = this_holder(self.token)
         self.took_over = False  # True when a stale lock was replaced: its leftovers are ours
 
     def __enter__(self):
@@ -167,7 +97,7 @@ class DirectoryLock:
             why = self._stale(other)
             if why is None:
                 raise CheckpointLockedError(self._refusal(other))
-            shown = describe(other) if _is_holder(other) else f"content {other[:200]!r}"
+            shown = describe(other) if is_holder(other) else f"content {other[:200]!r}"
             warnings.warn(
                 f"Taking over the stale lock {self.path} of {shown}: {why}.",
                 RuntimeWarning,
@@ -250,7 +180,7 @@ class DirectoryLock:
             value = json.loads(text)
         except ValueError:
             return text
-        return value if _is_holder(value) else text
+        return value if is_holder(value) else text
 
     def _read_settled(self):
         """:meth:`_read`, waiting while the lock is empty and younger than
@@ -266,10 +196,13 @@ class DirectoryLock:
         age = self._age()
         if other == "":
             return f"it has been empty for {age or 0.0:.0f} s (its writer died creating it)"
-        if _is_holder(other) and other["host"] == self.holder["host"]:
-            return self._gone_here(other)
+        where = self._where(other)
+        if where == "restarted":
+            return "this host restarted since it was taken"
+        if where == "here":
+            return self._gone_here(other)  # seen: alive or provably gone
         if (
-            _is_holder(other)
+            is_holder(other)
             and other.get("launch") is not None
             and other.get("launch") == self.holder["launch"]
         ):
@@ -279,11 +212,26 @@ class DirectoryLock:
             return f"it is {age / 3600:.1f} h old (more than {STALE_AFTER_SECONDS / 3600:g} h)"
         return None
 
-    def _gone_here(self, other: dict) -> str | None:
-        """Why the holder on this host is gone, or None while it runs."""
+    def _where(self, other) -> str:
+        """Where the holder ``other`` runs, as far as this process can see: ``"here"`` (this
+        host and PID namespace: its pid can be checked), ``"restarted"`` (this host before
+        its last boot), ``"namespace"`` (this host name, another or an unknown PID
+        namespace), ``"machine"`` (this host name, another machine) or ``"elsewhere"``."""
+        mine = self.holder
+        if not is_holder(other) or other["host"] != mine["host"]:
+            return "elsewhere"
         boot = other.get("boot")
-        if boot is not None and self.holder["boot"] is not None and boot != self.holder["boot"]:
-            return "this host restarted since it was taken"
+        if boot is not None and mine["boot"] is not None and boot != mine["boot"]:
+            booted, written = boot_time(), self._written()
+            if booted is not None and written is not None and written < booted:
+                return "restarted"
+            return "machine"  # a lock written since this boot under another boot id
+        if other.get("pid_ns") is None or other["pid_ns"] != mine["pid_ns"]:
+            return "namespace"
+        return "here"
+
+    def _gone_here(self, other: dict) -> str | None:
+        """Why the holder in this host's PID namespace is gone, or None while it runs."""
         pid, start = other["pid"], other.get("pid_start")
         if pid == os.getpid() and start in (None, self.holder["pid_start"]):
             return "this process left it (an interrupted save)"  # its saves run in turn
@@ -297,10 +245,39 @@ class DirectoryLock:
             )
         return None
 
+    def check_held(self) -> None:
+        """Raises :class:`CheckpointLockedError` when this writer no longer holds the lock
+        (see :meth:`lost`); a writer checks before it commits."""
+        problem = self.lost()
+        if problem:
+            raise CheckpointLockedError(problem)
+
+    def lost(self) -> str | None:
+        """None while this writer holds the lock; else why not, naming the lock and the job
+        that took it over (as stale: see the module doc) -- the taker removes what it finds
+        of this writer's save."""
+        other = self._read()
+        if isinstance(other, dict) and other.get("token") == self.token:
+            return None
+        if other is None:
+            taker = "it is gone (deleted by hand, or taken over by a job that finished since)"
+        elif is_holder(other):
+            taker = f"it now names another job ({describe(other)})"
+        else:
+            taker = f"it now holds {other[:200]!r}"
+        return (
+            f"This save lost the lock {self.path} of {self.directory} while it wrote: {taker}. "
+            f"Another job judged this one gone and took the directory over (its save "
+            f"removes what it finds of this one), so this save stops without committing "
+            f"anything. Two "
+            f"jobs must not save into one directory: give each its own. Received: "
+            f"lock={self.path!r}, holder={describe(self.holder)}"
+        )
+
     def _refusal(self, other) -> str:
         """The error for a lock that is not stale: who holds it, and how to release it."""
         where = f"Received: directory={self.directory!r}"
-        if not _is_holder(other):
+        if not is_holder(other):
             return (
                 f"The checkpoint lock {self.path} does not name its holder (it holds "
                 f"{other[:200]!r}), so no save can tell whether that job still writes "
@@ -314,23 +291,51 @@ class DirectoryLock:
             f"({describe(other)}). Two jobs must not save into one directory: use another "
             f"directory, or wait for that job"
         )
-        if other["host"] == self.holder["host"]:
+        seen = self._where(other)
+        if seen == "here":
             return f"{held} (process {other['pid']} runs on this host). {where}"
+        host, pid = other["host"], other["pid"]
+        if seen == "namespace":
+            unseen = (
+                f"Its process {pid} runs in "
+                + (
+                    f"another PID namespace of host {host!r} ({other['pid_ns']}; this "
+                    f"process: {self.holder['pid_ns']}), a container sharing the host name"
+                    if other.get("pid_ns")
+                    else f"an unknown PID namespace of host {host!r} (the lock does not "
+                    f"record it: an earlier version wrote it)"
+                )
+                + ", whose processes cannot be seen from here"
+            )
+            check = f"`ps -p {pid}` in that container"
+        elif seen == "machine":
+            unseen = (
+                f"It was written by a machine named {host!r} like this one that booted "
+                f"otherwise (boot id {other.get('boot')}), whose processes cannot be seen "
+                f"from here"
+            )
+            check = f"`ps -p {pid}` on that machine"
+        else:
+            unseen = f"This host cannot see the processes of host {host!r}"
+            check = f"`ps -p {pid}` on {host}"
         job = f" or job {other['job']} in your scheduler" if other.get("job") else ""
         return (
-            f"{held}. This host cannot see the processes of host {other['host']!r}: if "
-            f"that job is gone (check `ps -p {other['pid']}` on {other['host']}{job}), "
-            f"delete {self.path}; the next save then removes what its save left. It is "
-            f"taken over by itself once it is {STALE_AFTER_SECONDS / 3600:g} h old. "
-            f"{where}"
+            f"{held}. {unseen}: if that job is gone (check {check}{job}), delete "
+            f"{self.path}; the next save then removes what its save left. It is taken over "
+            f"by itself once it is {STALE_AFTER_SECONDS / 3600:g} h old. {where}"
         )
+
+    def _written(self) -> float | None:
+        """When the lock file was last written (seconds since the epoch); None when gone."""
+        try:
+            return os.path.getmtime(self.path)
+        except OSError:
+            return None
 
     def _age(self) -> float | None:
         """Seconds since the lock file was last written; None when it is gone."""
-        try:
-            return time.time() - os.path.getmtime(self.path)
-        except OSError:
-            return None
+        written = self._written()
+        return None if written is None else time.time() - written
 
 
 def _remove(path: str) -> None:

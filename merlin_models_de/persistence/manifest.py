@@ -21,6 +21,7 @@ from merlin_models_de.persistence.io import (
     StorageError,
     check_array,
     disk_dtype,
+    from_disk,
     inside,
     load_array,
     read_json,
@@ -41,6 +42,11 @@ class Part:
     stem: str  # file path inside the checkpoint, without "-r<rank>.npy"
     dtype: np.dtype
     per_row: bool = False  # one value per row (a row-wise optimizer's state), any columns
+    saved_as: str | None = None  # the manifest's dtype name: "bfloat16" is stored as uint16
+
+    def from_disk(self, array):
+        """A read file's ``array`` as values of the dtype it was saved from."""
+        return from_disk(array, self.saved_as or self.dtype.name)
 
     def shape(self, shard) -> tuple:
         """The shape of this part's file for ``shard``."""
@@ -249,6 +255,7 @@ class _ManifestReader:
                     stem,
                     self.dtype(p, "dtype", f"{where}.dtype"),
                     self.get(p, "per_row", bool, f"{where}.per_row") if "per_row" in p else False,
+                    p["dtype"],
                 )
             )
         names = [p.name for p in parts]
@@ -391,4 +398,7 @@ def read_full_tables(path: str) -> dict:
         parts[part.name][s.row_start : s.row_start + s.rows, first : first + cols] = load_array(
             file, part.shape(s), part.dtype
         )
+    for block_name, table, part, _, _ in jobs:  # assembled as stored: bfloat16 as its bits
+        parts = out[block_name][table.name]
+        parts[part.name] = part.from_disk(parts[part.name])  # a second call changes nothing
     return out

@@ -26,16 +26,21 @@ import numpy as np
 
 from merlin_models_de import comm
 from merlin_models_de.persistence.io import (
-    BFLOAT16,
     StorageError,
     check_array,
-    disk_dtype,
     from_disk,
     inside,
     load_array,
     read_arrays,
 )
-from merlin_models_de.persistence.layout import DENSE, LATEST, MANIFEST, read_latest, shard_file
+from merlin_models_de.persistence.layout import (
+    DENSE,
+    LATEST,
+    MANIFEST,
+    pointer_problem,
+    read_latest,
+    shard_file,
+)
 from merlin_models_de.persistence.manifest import dense_key, read_manifest, state_key
 from merlin_models_de.persistence.retention import complete_checkpoints
 from merlin_models_de.persistence.state import dtype_name, model_state, numpy_dtype
@@ -55,6 +60,9 @@ def latest_checkpoint(directory: str) -> str | None:
         StorageError: when ``latest`` names anything but a checkpoint inside ``directory``,
             or a checkpoint that is gone (the message names the intact one to restore).
     """
+    pointer = os.path.join(directory, LATEST)
+    if pointer_problem(directory):
+        raise StorageError(pointer_problem(directory, _intact(directory, pointer, remove=True)))
     for _ in range(2):  # read again once: a save may have moved `latest` on meanwhile
         path = read_latest(directory)
         if path is None or os.path.isfile(os.path.join(path, MANIFEST)):
@@ -70,22 +78,26 @@ def _gone(directory: str, path: str) -> str:
         if not os.path.isdir(path)
         else f"{path} has no {MANIFEST} (partly deleted?)"
     )
-    intact = complete_checkpoints(directory)  # oldest save first
-    if intact:
-        newest = intact[-1]
-        how = (
-            f"The newest intact checkpoint is {os.path.join(directory, newest.name)} "
-            f"(step {newest.step}): to restore it, point latest at it "
-            f"(`echo {newest.name} > {pointer}`) and restore again."
-        )
-    else:
-        how = (
-            f"No intact checkpoint is left in {directory}: remove {pointer} to start "
-            f"from scratch."
-        )
     return (
         f"The checkpoint pointer {pointer} names {os.path.basename(path)}, but {what}. "
-        f"{how} Received: latest={os.path.basename(path)!r}"
+        f"{_intact(directory, pointer)} Received: latest={os.path.basename(path)!r}"
+    )
+
+
+def _intact(directory: str, pointer: str, remove: bool = False) -> str:
+    """Which intact checkpoint is left, and how to restore it (``remove``: what is at
+    ``pointer`` has to go first)."""
+    intact = complete_checkpoints(directory)  # oldest save first
+    if not intact:
+        return (
+            f"No intact checkpoint is left in {directory}: remove {pointer} to start from scratch."
+        )
+    newest = intact[-1]
+    point = f"echo {newest.name} > {pointer}"
+    return (
+        f"The newest intact checkpoint is {os.path.join(directory, newest.name)} "
+        f"(step {newest.step}): to restore it, point latest at it "
+        f"(`{f'rm -r {pointer} && {point}' if remove else point}`) and restore again."
     )
 
 
@@ -213,7 +225,7 @@ def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
     for name, target in targets.items():
         part = parts[name]
         if numpy_dtype(target) != part.dtype:
-            saved = BFLOAT16 if part.dtype == disk_dtype(BFLOAT16) else part.dtype.name
+            saved = part.saved_as or part.dtype.name
             raise StorageError(
                 f"Checkpoint {path} holds table '{shard.table}' ({name}) as {saved}, the "
                 f"model as {dtype_name(target)} (the block's table_dtype). Received: "

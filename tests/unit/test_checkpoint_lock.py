@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def write_lock(directory, **holder):
+    """A lock file holding ``holder`` (as an earlier version wrote it: no PID namespace)."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, ".lock"), "w", encoding="utf-8") as f:
         json.dump(holder, f)
@@ -133,6 +134,7 @@ def test_a_live_holder_is_refused_by_name_and_a_dead_one_taken_over(tmp_path, sl
     write_lock(
         directory,
         host=socket.gethostname(),
+        pid_ns=os.readlink("/proc/self/ns/pid"),
         pid=sleeper.pid,
         job="job-42",
         started=time.time(),
@@ -141,7 +143,7 @@ def test_a_live_holder_is_refused_by_name_and_a_dead_one_taken_over(tmp_path, sl
     with pytest.raises(
         lock.CheckpointLockedError,
         match=rf"being written by another job \(host='{socket.gethostname()}', "
-        rf"pid={sleeper.pid}, job='job-42', launch=None, started=.* UTC\)"
+        rf"pid={sleeper.pid}, job='job-42', launch=None, started=.* UTC, pid_namespace=.*\)"
         rf".*process {sleeper.pid} runs on this host",
     ):
         save_checkpoint(model, directory, step=2)
@@ -254,6 +256,7 @@ def test_a_reused_pid_is_not_the_holder(tmp_path, sleeper):
     write_lock(
         directory,
         host=socket.gethostname(),
+        pid_ns=os.readlink("/proc/self/ns/pid"),
         pid=sleeper.pid,
         pid_start=start - 1,
         job=None,
