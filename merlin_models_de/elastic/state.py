@@ -25,9 +25,8 @@ import gc
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.memory import available_memory_bytes
 from merlin_models_de.compat import horovod as compat_horovod
-from merlin_models_de.elastic.memory import reset_problem
+from merlin_models_de.elastic.memory import available_bytes, reset_problem
 from merlin_models_de.persistence.checkpoint import (
     latest_checkpoint,
     restore_checkpoint,
@@ -141,7 +140,7 @@ def _check_reset_fits(commit: str) -> None:
             comm.size(),
             comm.rank(),
             comm.local_size(),
-            available_memory_bytes(),
+            available_bytes(),  # the host's, or less under a cgroup's limit
         )
         if problem:
             raise MemoryError(problem)
