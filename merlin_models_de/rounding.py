@@ -41,6 +41,41 @@ def widened(x):
     return tf.cast(x, tf.float32) if x.dtype.size == 2 else x
 
 
+def read_wide(rows, dtype):
+    """A 16-bit table's looked-up ``rows`` in the block's ``dtype``, their gradient kept in
+    ``dtype`` on its way back to the table (TF's cast gradient would narrow it: a float16
+    gradient element above 65504 is inf before the float32 update sees it)."""
+    if rows.dtype == dtype:
+        return rows
+
+    @tf.custom_gradient
+    def cast(x):
+        return tf.cast(x, dtype), lambda dy: dy
+
+    return cast(rows)
+
+
+def assert_storable(rows, dtype, table: str):
+    """An assertion that every element of float32 ``rows`` (new rows of ``table``) is finite and
+    within the 16-bit ``dtype``'s range: else the step fails naming the table, before the rows
+    are written (rounding would store inf, which turns to NaN in the next step)."""
+    limit = float(tf.as_dtype(dtype).max)
+    outside = tf.logical_not(tf.abs(rows) <= limit)  # NaN compares False
+    return tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(outside)),
+        [
+            f"Table '{table}' is stored in {tf.as_dtype(dtype).name} (table_dtype), whose "
+            f"largest value is {limit:g}; the update would write values beyond it or inf/NaN, "
+            "so the step stops instead. Lower the learning rate, or store the table in "
+            "bfloat16 or float32. Elements out of range:",
+            tf.reduce_sum(tf.cast(outside, tf.int64)),
+            "largest |value|:",
+            tf.reduce_max(tf.abs(rows)),
+        ],
+        name="storable_" + "".join(c if c.isalnum() else "_" for c in table),
+    )
+
+
 def _hash32(x):
     """A 32-bit integer hash of int64 ``x`` (values in [0, 2**32))."""
     x = tf.bitwise.bitwise_and(tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 32)), _MASK32)

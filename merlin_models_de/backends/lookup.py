@@ -15,6 +15,8 @@ import re
 
 import tensorflow as tf
 
+from merlin_models_de.rounding import read_wide
+
 
 def op_name(text: str) -> str:
     """``text`` as a valid TF op name (feature and table names may hold any character)."""
@@ -41,9 +43,9 @@ def named_gather(var, ids, name, dtype=None):
     """``tf.gather(var, ids)`` whose out-of-range error (CPU, ids unvalidated) says ``name``:
     graph mode names the failing node; eager errors carry no op name, so add it here.
     ``dtype``: the rows widened to it (a 16-bit table's rows are read into the block's dtype;
-    the gradient then reaches the table as float rows of its own dtype)."""
+    their gradient reaches the table in that dtype: ``rounding.read_wide``)."""
     rows = _gather(var, ids, name)
-    return rows if dtype is None or rows.dtype == dtype else tf.cast(rows, dtype)
+    return rows if dtype is None else read_wide(rows, dtype)
 
 
 def _gather(var, ids, name):

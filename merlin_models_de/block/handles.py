@@ -22,6 +22,7 @@ from merlin_models_de.backends.lookup import combiner_weights
 from merlin_models_de.block.views import FeatureSelection
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import ShardingType
+from merlin_models_de.rounding import read_wide
 
 # Blocks built while a model is deserialized, per open scope (innermost last). Not a
 # process-wide registry: outside a scope no name is bound, and two models rebuilt one after
@@ -169,7 +170,7 @@ class TableHandle(Block):
     def _read(self, rows):
         """``rows`` of this table in the block's dtype (a 16-bit table is read widened)."""
         dtype = self.block.backend.dtype
-        return rows if rows.dtype == dtype else tf.cast(rows, dtype)
+        return read_wide(rows, dtype)  # its gradient stays in dtype
 
     @property
     def sharded(self) -> bool:

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from merlin_models_de.planner.types import ShardingType
+from merlin_models_de.rounding import read_wide
 
 ADDITIVE = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
 
@@ -107,7 +108,7 @@ def add_table_losses(layer, backend, plan, rank: int, regs: Mapping) -> None:
         def loss(var=var, first=first, rows=shard.rows, reg=reg, weight=weight):
             whole = first == 0 and var.shape[0] == rows
             values = var if whole else var[first : first + rows]
-            value = reg(values if values.dtype.size > 2 else tf.cast(values, tf.float32))
+            value = reg(values if values.dtype.size > 2 else read_wide(values, tf.float32))
             return value * weight if weight != 1 else value
 
         layer.add_loss(loss)

@@ -29,7 +29,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round, widened
+from merlin_models_de.rounding import (
+    assert_storable,
+    is_narrow,
+    random_bits,
+    stochastic_round,
+    widened,
+)
 from merlin_models_de.rowwise.columns import ColumnSums, column_sums
 from merlin_models_de.scatter import write_rows
 from merlin_models_de.variables import mark_row_state, table_mark
@@ -143,11 +149,15 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         grad = widened(grad)
         acc = self.get_slot(var, ROW_SLOT)
         mean = tf.reduce_sum(tf.square(grad), axis=1, keepdims=True) / mark.dim
+        if is_narrow(var.dtype):  # both written once the new rows passed the range check
+            new = acc + mean
+            step = grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"]))
+            rows = tf.range(tf.shape(var, out_type=tf.int64)[0])
+            rounded = self._rounded(var, rows, tf.cast(var, tf.float32) + step)
+            with tf.control_dependencies([rounded]):
+                return tf.group(acc.assign(new), var.assign(rounded))
         new = acc.assign_add(mean, use_locking=self._use_locking, read_value=True)
         step = grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"]))
-        if is_narrow(var.dtype):
-            rows = tf.range(tf.shape(var, out_type=tf.int64)[0])
-            return var.assign(self._rounded(var, rows, tf.cast(var, tf.float32) + step))
         return var.assign_add(step, use_locking=self._use_locking, read_value=False)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
@@ -190,11 +200,15 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         new = tf.cast(tf.gather(var, ids), step.dtype) + step  # float32 for 16-bit rows
         if is_narrow(var.dtype):
             new = self._rounded(var, ids, new)
+            with tf.control_dependencies([new]):  # a row out of range writes neither
+                acc_rows = tf.identity(acc_rows)
         return tf.group(write_rows(acc, ids, acc_rows), write_rows(var, ids, new))
 
     def _rounded(self, var, ids, rows):
         """float32 ``rows`` (the rows ``ids`` of ``var``) stochastically rounded to ``var``'s
-        16-bit dtype, with noise drawn from the rows' places in the table and the step."""
+        16-bit dtype, with noise drawn from the rows' places in the table and the step; after
+        the check that the dtype holds them (``rounding.assert_storable``: else the step fails
+        naming the table)."""
         mark = table_mark(var)
         bits = random_bits(
             tf.cast(ids, tf.int64) + mark.first_row,
@@ -204,7 +218,8 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
             self.iterations,
             mark.table,
         )
-        return stochastic_round(rows, var.dtype, bits)
+        with tf.control_dependencies([assert_storable(rows, var.dtype, mark.table)]):
+            return stochastic_round(rows, var.dtype, bits)
 
     def get_config(self):
         config = super().get_config()
