@@ -9,7 +9,9 @@ so ids training never saw become the OOV id.
 
 NVTabular 23.08's ids for a categorical column: 0 padding (never written by Categorify; list
 columns are padded with it), 1 null, 2 out-of-vocabulary (with ``num_buckets=k``: 2..k+1,
-a hash of the value), then the vocabulary, most frequent first. The table a column needs
+a hash of the value), then the vocabulary, most frequent first. The hashed column uses
+``ValueCategorify`` (merlin_models_de.serving.hashing): NVTabular's own ``num_buckets`` hashes
+with the row's index on CPU, so a value would land in a different bucket in every row. The table a column needs
 has ``int_domain.max + 1`` rows, which is what the block reads from the schema.
 """
 
@@ -21,13 +23,16 @@ from merlin.io import Dataset
 from merlin.schema import Tags
 from nvtabular import ops
 
+from merlin_models_de.serving.hashing import ValueCategorify
+
 MAX_SESSION_LENGTH = 20
 
 
 def click_workflow(categories: str = "categories") -> nvt.Workflow:
     """Every kind of categorical encoding the ranking model takes: a frequency threshold
     (rare users share the OOV id), a vocabulary capped by ``max_size`` (items), hashed OOV
-    buckets for a long tail (categories), a plain vocabulary (device) and a list column
+    buckets for a long tail (categories; ``ValueCategorify``: the bucket is a hash of the
+    value alone), a plain vocabulary (device) and a list column
     (tags, multi-hot; the block pools it). Continuous columns get their nulls filled, the
     long-tailed price its log, and both are normalized (float64, as NVTabular writes them:
     Merlin's loader and the serving ensemble cast them to the model's float32). The label
@@ -35,7 +40,7 @@ def click_workflow(categories: str = "categories") -> nvt.Workflow:
     vocabularies while fitting (NVTabular's default is ./categories)."""
     user = ["user_id"] >> ops.Categorify(out_path=categories, freq_threshold=2) >> ops.TagAsUserID()
     item = ["item_id"] >> ops.Categorify(out_path=categories, max_size=400) >> ops.TagAsItemID()
-    category = ["category"] >> ops.Categorify(out_path=categories, max_size=120, num_buckets=16)
+    category = ["category"] >> ValueCategorify(out_path=categories, max_size=120, num_buckets=16)
     device = ["device"] >> ops.Categorify(out_path=categories)
     tags = ["tags"] >> ops.Categorify(out_path=categories)
     price = ["price"] >> ops.FillMissing() >> ops.LogOp() >> ops.Normalize()

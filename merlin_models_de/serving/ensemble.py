@@ -41,10 +41,15 @@ def load_workflow(workflow):
 
 def serving_workflow(workflow, label_columns=()):
     """``workflow`` without the columns only training has (labels): the ensemble's input
-    is what a request carries."""
+    is what a request carries. Refused when it hashes with NVTabular's row-dependent hash
+    (:func:`~.served_workflow.refuse_row_hashing`); served with ``Categorify`` encoding
+    a batch whose column is null in every row, and with the list columns' input dtypes the
+    fit could not tell (:mod:`.served_workflow`). A workflow object is copied first."""
+    from merlin_models_de.serving.served_workflow import prepared
+
     workflow = load_workflow(workflow)
     present = [c for c in label_columns if c in workflow.input_schema.column_names]
-    return workflow.remove_inputs(present) if present else workflow
+    return prepared(workflow, present)
 
 
 def workflow_and_model(workflow, model_path: str, label_columns=()):
@@ -74,24 +79,7 @@ def checked_ensemble(node, workflow):
     against the workflow's input schema first (:mod:`.request`)."""
     from merlin_models_de.serving.request import CheckedEnsemble
 
-    return CheckedEnsemble(node, workflow.input_schema, encoded_columns(workflow))
-
-
-def encoded_columns(workflow) -> list:
-    """The raw columns ``workflow`` encodes with ``Categorify`` (directly, as read)."""
-    from merlin.dag.node import iter_nodes
-    from nvtabular.ops import Categorify
-
-    read = set(workflow.input_schema.column_names)
-    return sorted(
-        {
-            name
-            for node in iter_nodes([workflow.output_node])
-            if isinstance(node.op, Categorify)
-            for name in node.input_schema.column_names
-            if name in read
-        }
-    )
+    return CheckedEnsemble(node, workflow.input_schema)
 
 
 def ranking_ensemble(workflow, model_path: str, label_columns=()):
@@ -116,7 +104,6 @@ def column_array(output, name: str):
 __all__ = [
     "checked_ensemble",
     "column_array",
-    "encoded_columns",
     "load_model",
     "load_workflow",
     "ranking_ensemble",

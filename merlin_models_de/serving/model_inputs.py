@@ -26,6 +26,8 @@ from merlin.dag import BaseOperator, ColumnSelector, DataFormats
 from merlin.schema import Schema
 from merlin.table import TensorTable
 
+from merlin_models_de.serving.request import RequestError
+
 # Ensemble.export pickles the graph for Triton's executor: carry this code in the pickle
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -92,8 +94,25 @@ class ModelInputs(BaseOperator):
                 value = value.reshape(value.shape[:-1])
             elif value.ndim + 1 == rank:
                 value = value.reshape(value.shape + (1,))
+            _refuse_non_finite(name, tensors[name], value)
             out[name] = value
         return TensorTable(out)
+
+
+def _refuse_non_finite(name: str, written, value) -> None:
+    """Raises :class:`~.request.RequestError` where a float tensor holds a value that is not
+    finite after the cast to the model's dtype (``price=1e38`` overflows float32 once the
+    workflow has normalized it): the model would score it silently as inf or NaN."""
+    if value.dtype.kind != "f" or np.isfinite(value).all():
+        return
+    at = np.argwhere(~np.isfinite(value))[0]
+    where = f"value {int(at[0])} of" if name.endswith("__values") else f"row {int(at[0])}:"
+    raise RequestError(
+        f"Request {where} the workflow's output column "
+        f"{name.removesuffix('__values')!r} is {np.asarray(written)[tuple(at)]!r} "
+        f"({written.dtype}), which is not finite as the model's {value.dtype}: send values "
+        "the workflow maps into the model's range"
+    )
 
 
 __all__ = ["ModelInputs"]

@@ -1,11 +1,12 @@
 """A request checked against the workflow's input schema before the ensemble runs.
 
 Merlin's executor and NVTabular's operators fail deep inside on a bad request (a missing
-column: a bare ``KeyError``; no rows: ``Failed to categorical encode``), and encode an id
-column of the wrong type (ints where the workflow was fitted on strings) as out-of-vocabulary
-ids without a word. :func:`check_request` names the column, the type the workflow reads and
-the type received; :class:`CheckedEnsemble` runs it first on every ``transform``, in this
-process and in Triton's executor.
+column: a bare ``KeyError``; no rows or a null list: ``Failed to categorical encode``), and
+encode an id column of the wrong type (ints where the workflow was fitted on strings) as
+out-of-vocabulary ids without a word. :func:`check_request` names the column, the type the
+workflow reads and the type received; :class:`CheckedEnsemble` runs it first on every
+``transform``, in this process and in Triton's executor, then serves a null list as an empty
+one (:func:`empty_lists_for_nulls`).
 
 Like :mod:`.model_inputs`, this module needs only Merlin, NumPy and pandas: it is pickled by
 value into the Triton model repository, which then runs without this package installed.
@@ -40,14 +41,12 @@ class RequestError(ValueError):
     """A request the ensemble cannot serve; the message names the column and the types."""
 
 
-def check_request(request, schema: Schema, encoded=()) -> None:
+def check_request(request, schema: Schema) -> None:
     """Raises :class:`RequestError` unless ``request`` (a DataFrame or a TensorTable) has
     every column of ``schema`` (the workflow's input schema), at least one row, and values
     of each column's kind (strings, integers, floats; integers where floats are read) and
     shape (scalar or list). A column whose values are all null or all empty lists carries
-    no type and passes, unless it is one of ``encoded``: the scalar columns NVTabular's
-    ``Categorify`` reads, which cannot encode a batch without a single value (a null in a
-    batch with other rows becomes the null id)."""
+    no type and passes (the workflow gives nulls the null id)."""
     columns = _columns(request)
     missing = [c.name for c in schema if c.name not in columns]
     if missing:
@@ -72,12 +71,6 @@ def check_request(request, schema: Schema, encoded=()) -> None:
         if shape_differs or kind_differs:
             raise RequestError(
                 f"Request column {col.name!r}: expected {_expected(col)}, " f"received {label}"
-            )
-        if kind is None and col.name in encoded and not col.is_list:
-            raise RequestError(
-                f"Request column {col.name!r} is null in every row: "
-                "NVTabular's Categorify cannot encode a batch of nulls alone "
-                "(send such rows together with rows that have a value)"
             )
 
 
@@ -163,18 +156,33 @@ def _is_null(value) -> bool:
     return pd.api.types.is_scalar(value) and bool(pd.isna(value))
 
 
+def empty_lists_for_nulls(frame, columns):
+    """``frame`` (a pandas DataFrame) with a null row of each list column in ``columns`` as
+    an empty list, and a fresh index (NVTabular 23.08 encodes a list column of a frame whose
+    index does not start at 0 as nulls). NVTabular fails on a null list (``Failed to
+    categorical encode``; fitting on CPU, ``unhashable type`` when the first row is null):
+    call it on the rows a workflow fits on and transforms, as the ensemble does on every
+    request. Other inputs (a TensorTable, which has no null list) are returned as they are."""
+    if not hasattr(frame, "columns") or not hasattr(frame, "reset_index"):
+        return frame
+    frame = frame.reset_index(drop=True)
+    for name in columns:
+        if name in frame.columns and frame[name].dtype == object:
+            nulls = frame[name].map(_is_null)
+            if nulls.any():
+                frame = frame.assign(**{name: [[] if n else v for n, v in zip(nulls, frame[name])]})
+    return frame
+
+
 class CheckedEnsemble(Ensemble):
     """A Merlin Systems ``Ensemble`` that checks each request against its input schema
-    (:func:`check_request`; ``encoded``: the columns ``Categorify`` reads) before it runs
-    the graph."""
-
-    def __init__(self, ops, schema: Schema, encoded=()):
-        super().__init__(ops, schema)
-        self.encoded = tuple(encoded)
+    (:func:`check_request`) before it runs the graph, and serves a null in a list column as
+    an empty list (:func:`empty_lists_for_nulls`)."""
 
     def transform(self, transformable, runtime=None):
-        check_request(transformable, self.input_schema, self.encoded)
-        return super().transform(transformable, runtime=runtime)
+        check_request(transformable, self.input_schema)
+        lists = [c.name for c in self.input_schema if c.is_list]
+        return super().transform(empty_lists_for_nulls(transformable, lists), runtime=runtime)
 
 
-__all__ = ["CheckedEnsemble", "RequestError", "check_request"]
+__all__ = ["CheckedEnsemble", "RequestError", "check_request", "empty_lists_for_nulls"]
