@@ -1,4 +1,4 @@
-"""Every use of Merlin Models' and Horovod's private API, behind a version check.
+"""Every use of Merlin Models', Horovod's and NVTabular's private API, behind a version check.
 
 What is patched, and when (the whole list; nothing else in the package touches private API):
 
@@ -16,6 +16,9 @@ What is patched, and when (the whole list; nothing else in the package touches p
   rank 0 alone builds layers (the export's copy of the model).
 - :func:`same_randomness_on_every_rank` reads and restores the Python generators that Keras
   draws unseeded initializers' seeds from (``random`` and ``keras.backend._SEED_GENERATOR``).
+- :mod:`merlin_models_de.compat.nvtabular` (serving, NVTabular 23.8 only): a fitted
+  ``Categorify``'s state moved into the package's ``ValueCategorify`` (``with_class``) and
+  the path of its fitted vocabulary (``vocabulary_path``).
 - :func:`match_schemas` resets the ``_schema`` of layers of a ``from_config`` copy of a model
   (Merlin 23.8's ``SequentialBlock`` gives every later layer its first layer's schema on
   construction, so a copy is not the model it came from).

@@ -76,13 +76,12 @@ def served_categorify(workflow) -> None:
     from merlin.dag.node import iter_nodes
     from nvtabular.ops import Categorify
 
+    from merlin_models_de.compat.nvtabular import with_class
     from merlin_models_de.serving.hashing import ValueCategorify
 
     for node in iter_nodes([workflow.output_node]):
         if type(node.op) is Categorify:
-            served = ValueCategorify.__new__(ValueCategorify)
-            served.__dict__.update(node.op.__dict__)
-            node.op = served
+            node.op = with_class(node.op, ValueCategorify)
 
 
 def typed_inputs(workflow) -> None:
@@ -119,13 +118,15 @@ def _vocabulary_dtypes(workflow) -> dict:
     from merlin.dag.node import iter_nodes
     from nvtabular.ops import Categorify
 
+    from merlin_models_de.compat.nvtabular import vocabulary_path
+
     read = set(workflow.input_schema.column_names)
     out = {}
     for node in iter_nodes([workflow.output_node]):
         if not isinstance(node.op, Categorify):
             continue
         for name in node.input_schema.column_names:
-            path = node.op.categories.get(name) if name in read else None
+            path = vocabulary_path(node.op, name) if name in read else None
             if path:
                 out[name] = pd.read_parquet(path, columns=[name])[name].dtype
     return out

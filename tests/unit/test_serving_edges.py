@@ -5,6 +5,8 @@ a value that overflows the model's float32. One small workflow and a DLRM traine
 process on 64 rows."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -191,7 +193,37 @@ def test_the_triton_repository_is_written_for_a_list_column_fitted_as_unknown(se
     ensemble.export(str(tmp_path / "triton"))
     config = (tmp_path / "triton/0_transformworkflowtriton/config.pbtxt").read_text()
     assert 'name: "tags__values"' in config and "TYPE_STRING" in config
-    assert os.path.isdir(tmp_path / "triton/executor_model/1")
+    # Triton's Python runs the workflow without this package: ValueCategorify and
+    # ValueHashBucket came by value, null-safe (a new item alone) and value-hashed
+    run = subprocess.run(
+        [sys.executable, "-c", WORKFLOW_WITHOUT_THIS_PACKAGE, str(tmp_path / "triton")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore"),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-3:] == ["by-value", "1", "same"], run.stdout
+
+
+WORKFLOW_WITHOUT_THIS_PACKAGE = """
+import sys
+sys.modules["merlin_models_de"] = None  # any import of the package raises ImportError
+import nvtabular as nvt, pandas as pd
+from merlin.io import Dataset
+
+workflow = nvt.Workflow.load(sys.argv[1] + "/0_transformworkflowtriton/1/workflow")
+names = sorted(type(n.op).__name__ for n in workflow.output_node.parents_with_dependencies)
+request = pd.DataFrame({"user_id": ["u-1", "u-1"], "item_id": ["i-new", "i-new"],
+                        "category": ["c-x", "c-x"], "tags": [["t1"], []], "price": [0.2, 0.2]})
+alone = workflow.transform(Dataset(request.iloc[:1])).compute()
+both = workflow.transform(Dataset(request)).compute()
+print("by-value" if {"ValueCategorify", "ValueHashBucket"} <= set(names) else names,
+      alone["brand"][0],
+      "same" if both["user_id"].nunique() == 1 and both["user_id"][0] == alone["user_id"][0]
+      else "differs")
+"""
 
 
 def test_a_value_beyond_the_models_float32_is_refused_naming_the_column(served):
@@ -214,3 +246,12 @@ def test_fitting_on_a_null_first_list_fails_and_empty_lists_for_nulls_fixes_it(t
     wf = nvt.Workflow(["tags"] >> ops.Categorify(out_path=str(tmp_path)))
     out = wf.fit_transform(Dataset(fixed)).compute()
     assert list(out["tags"][0]) == [] and list(out["tags"][1]) == [3]
+
+
+def test_serving_refuses_an_nvtabular_whose_categorify_it_was_not_written_for():
+    from merlin_models_de.compat import UnsupportedVersionError
+    from merlin_models_de.compat.nvtabular import check_nvtabular
+
+    check_nvtabular("23.8.0")
+    with pytest.raises(UnsupportedVersionError, match=r"nvtabular 23.12.0 \(supported: 23.8"):
+        check_nvtabular("23.12.0")
