@@ -299,18 +299,30 @@ def install_adagrad_rows(update, is_table) -> None:
     _replace_once(tf.keras.optimizers.legacy.Adagrad, "_resource_apply_sparse", wrap)
 
 
-def install_compile_check(check) -> None:
+def install_compile_check(check, arguments=None) -> None:
     """Has ``tf.keras.Model.compile`` call ``check(model, optimizer)`` (the optimizer as
     given) before it compiles anything, for models whose class keeps Keras' ``compile``:
     Merlin's models have their own hook (``merlin_compat``), which runs before theirs calls
-    Keras'. A refusal raised by ``check`` leaves the model as it was. Idempotent."""
+    Keras'. A refusal raised by ``check`` leaves the model as it was. With ``arguments``,
+    every model's call (Merlin's calling up included) compiles with ``arguments(model,
+    {"loss": ..., "metrics": ..., "weighted_metrics": ...})`` instead of those three, as
+    given to Keras (Merlin's: one entry per output). Idempotent."""
+    import inspect
+
     import tensorflow as tf
 
     def wrap(original):
+        signature = inspect.signature(original)
+
         def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Keras' name)
             if type(self).compile is compile:  # not a Merlin model calling up to Keras
                 check(self, optimizer)
-            return original(self, optimizer, *args, **kwargs)
+            if arguments is None:
+                return original(self, optimizer, *args, **kwargs)
+            bound = signature.bind(self, optimizer, *args, **kwargs)
+            given = {n: bound.arguments.get(n) for n in ("loss", "metrics", "weighted_metrics")}
+            bound.arguments.update(arguments(self, given))
+            return original(*bound.args, **bound.kwargs)
 
         return compile
 

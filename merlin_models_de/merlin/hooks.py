@@ -269,7 +269,8 @@ def install() -> None:
     sparse updates of tables (idempotent; inert for models without the block)."""
     merlin_compat.install_merlin_hooks(MerlinHooks)
     # plain Keras models holding the block: the same refusal of 16-bit tables' optimizers
-    keras_compat.install_compile_check(check_table_dtype)
+    # and what compile gives a vocab-parallel output: Merlin's loss and top-k metrics
+    keras_compat.install_compile_check(check_table_dtype, _tied_compile_arguments)
     # and loops that apply gradients themselves, when the optimizer updates a 16-bit table
     keras_compat.install_apply_check(check_updated_tables)
     # SGD's update of a table shard in pieces TF's CPU kernel loops over (see scatter.py)
@@ -290,6 +291,12 @@ def _is_table_handle(to_call) -> bool:
     from merlin_models_de.block.handles import TableHandle
 
     return isinstance(to_call, TableHandle)
+
+
+def _tied_compile_arguments(model, arguments):
+    from merlin_models_de.outputs.compiled import tied_compile_arguments
+
+    return tied_compile_arguments(model, arguments)
 
 
 def _tie_to_handle(output_cls, to_call, kwargs):

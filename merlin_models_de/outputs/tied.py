@@ -25,10 +25,14 @@ Where the table is sharded (table-wise on one rank, or row-sliced), no rank can 
   hidden states (the logits ``hidden @ W^T / T``).
 - ``ContrastiveOutput``: positives and sampled negatives are looked up through the block's
   distributed lookup (each rank its own ids), so sampled softmax trains as in one process.
-- ``evaluate`` on a sharded table reports Merlin's default top-k metrics (``recall_at_10``,
-  ``mrr_at_10``, ``ndcg_at_10``, ``map_at_10``, ``precision_at_10``) from a vocab-parallel top-k
-  (:func:`merlin_models_de.outputs.vocab_parallel.sharded_top_k`); metrics given to ``compile`` see
-  the per-example losses, not logits, so leave them unset. ``fit`` reports the loss only.
+- Top-k metrics: the output hands Keras, as the targets, each target's rank among all items
+  (:func:`merlin_models_de.outputs.target_rank.sharded_target_rank`), and
+  :class:`~merlin_models_de.outputs.rank_metrics.TargetRankMetrics` turns them into Merlin's
+  top-k metrics, summed over ranks: ``fit`` and ``evaluate`` report them as one process does.
+  ``compile`` (:func:`merlin_models_de.outputs.compiled.tied_compile_arguments`) takes
+  Merlin's way of asking: ``loss="categorical_crossentropy"`` (the loss the output computes)
+  and Merlin's top-k metrics (``TopKMetricsAggregator.default_metrics(top_ks=[10])``); left
+  unset, the metrics are Merlin's defaults at the output's cutoffs (``top_k``).
 - Scoring (``predict``, and the build call Merlin's ``fit`` makes) on a sharded table gives
   each rank its own examples' full logits (:func:`merlin_models_de.outputs.vocab_parallel.sharded_logits`:
   every rank scores the global batch against its rows; memory ``B_local x catalog``, what
@@ -57,38 +61,16 @@ from merlin.schema import Schema
 from merlin_models_de import comm
 from merlin_models_de.block.handles import TableHandle, table_named
 from merlin_models_de.outputs.bias import bias_rows, bias_table_name, item_bias_block
+from merlin_models_de.outputs.rank_metrics import output_default_metrics
+from merlin_models_de.outputs.target_rank import sharded_target_rank
 from merlin_models_de.outputs.vocab_parallel import (
     DEFAULT_CHUNK_ROWS,
     sharded_logits,
     sharded_softmax_cross_entropy,
-    sharded_top_k,
 )
 
-
-def no_metrics():
-    """Default (compiled) metrics of a sharded tied output: none. Its top-k metrics are
-    computed by the output itself in ``evaluate`` (:func:`top_k_metric_values`)."""
-    return ()
-
-
-def top_k_metric_values(ranks, k: int) -> dict:
-    """Per-example values of Merlin's default top-k metrics for one target per example, from
-    the target's 0-based rank among all items (``ranks >= k``: not in the top k).
-
-    With one relevant item Merlin's metrics reduce to: recall = hit, precision = hit / k,
-    MRR = average precision = hit / (rank + 1), NDCG = hit / log2(rank + 2); the metric is
-    their mean over examples.
-    """
-    hit = tf.cast(ranks < k, tf.float32)
-    position = tf.cast(ranks, tf.float32) + 1.0
-    reciprocal = hit / position
-    return {
-        f"recall_at_{k}": hit,
-        f"mrr_at_{k}": reciprocal,
-        f"ndcg_at_{k}": hit * tf.math.log(2.0) / tf.math.log(position + 1.0),
-        f"map_at_{k}": reciprocal,
-        f"precision_at_{k}": hit / float(k),
-    }
+# the name saved configs of the output's default metrics may carry
+no_metrics = output_default_metrics
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
@@ -188,8 +170,9 @@ class TiedTablePrediction(tf.keras.layers.Layer):
             (:mod:`merlin_models_de.outputs.bias`).
         logits_temperature: divides the logits (vocab-parallel path; the whole-table path
             leaves it to Merlin's output).
-        top_k: cutoffs of the top-k metrics (recall, MRR, NDCG, MAP, precision) the
-            vocab-parallel path adds in ``evaluate`` (Merlin's default: 10); () for none.
+        top_k: cutoffs of the default top-k metrics (recall, MRR, NDCG, MAP, precision) of
+            the vocab-parallel path (Merlin's default: 10); () for none: no ranking pass,
+            and compile refuses top-k metrics.
 
     Owns no variables: the table belongs to its block, the bias to a block of its own.
     """
@@ -302,33 +285,21 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         )
         if training:
             losses = _global_mean_share(losses, f"mmde_tied_{name}_count")
-        elif self.top_k:
-            self._add_top_k_metrics(comm.after(hidden, losses), targets, rows, offset)
-        return mm.Prediction(losses, tf.zeros_like(losses))
-
-    def _add_top_k_metrics(self, hidden, targets, rows, offset):
-        """Merlin's default top-k metrics (at each cutoff of ``top_k``) of this batch, from
-        the target's rank in a vocab-parallel top-k (every rank scores its rows)."""
-        k = min(max(self.top_k), self.num_classes)
-        _, ids = sharded_top_k(
-            hidden,
-            k,
-            rows,
-            offset,
-            bias_rows=self._bias_rows(),
-            chunk_rows=self.chunk_rows,
-            num_rows=self.num_classes,
-            name=f"mmde_tied_{self.table.name}_k",
-        )
-        hits = tf.equal(ids, tf.cast(tf.reshape(targets, [-1, 1]), tf.int64))
-        ranks = tf.where(
-            tf.reduce_any(hits, axis=1),
-            tf.argmax(tf.cast(hits, tf.int32), axis=1, output_type=tf.int32),
-            k,
-        )
-        for cutoff in self.top_k:
-            for metric, values in top_k_metric_values(ranks, cutoff).items():
-                self.add_metric(values, name=metric)
+        # the targets Keras' metrics see: each target's rank among all items (top-k metrics)
+        if self.top_k:
+            ranks = sharded_target_rank(
+                comm.after(hidden, losses),
+                targets,
+                rows,
+                offset,
+                self.num_classes,
+                bias_rows=self._bias_rows(),
+                chunk_rows=self.chunk_rows,
+                name=f"mmde_tied_{name}_rank",
+            )
+        else:  # no top-k metrics: no ranking pass (compile refuses top-k metrics)
+            ranks = tf.fill(tf.shape(losses), -1)
+        return mm.Prediction(losses, ranks)
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape([input_shape[0], self.num_classes])
@@ -382,7 +353,7 @@ def tie_to_handle(
     if tied.vocab_parallel:
         tied.logits_temperature = kwargs.pop("logits_temperature", 1.0)
         kwargs.setdefault("default_loss", TiedSoftmaxLoss())
-        kwargs.setdefault("default_metrics_fn", no_metrics)
+        kwargs.setdefault("default_metrics_fn", output_default_metrics)
     return tied, kwargs
 
 
@@ -397,7 +368,7 @@ class TiedCategoricalOutput(mm.CategoricalOutput):
         vocab_parallel: None: when the table is sharded. True forces the vocab-parallel
             loss (also in one process, where it equals the full softmax); False never.
         chunk_rows: table rows scored at a time by the vocab-parallel loss.
-        top_k: cutoffs of the top-k metrics the vocab-parallel path reports in ``evaluate``.
+        top_k: cutoffs of the default top-k metrics of the vocab-parallel path; () for none.
         use_bias, bias_initializer: a bias per item (Merlin's ``EmbeddingTablePrediction``
             options), sharded like the table.
         **kwargs: ``mm.CategoricalOutput``'s arguments (``target`` names the target column;

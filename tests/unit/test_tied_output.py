@@ -135,7 +135,9 @@ def test_the_table_handle_defaults_and_sharding():
         to_call=block["item"], target="next_item", vocab_parallel=True, logits_temperature=2.0
     )
     assert isinstance(forced.default_loss, TiedSoftmaxLoss)
-    assert forced.default_metrics_fn() == ()
+    # its default metrics: Merlin's top-k metrics at its cutoffs, which compile fills in
+    (default,) = forced.default_metrics_fn()
+    assert type(default).__name__ == "TargetRankMetrics" and default.entries is None
     assert forced.to_call.logits_temperature == 2.0 and forced.logits_temperature == 1.0
 
 
