@@ -13,8 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import sys
 
 
 class _LazyTF:
@@ -26,25 +28,100 @@ class _LazyTF:
 
 tf = _LazyTF()
 
-_LAUNCH_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# How each launcher tells a process its place: (launcher, size, rank, local size, local rank).
+# The first whose variables are set names the launch: horovodrun sets its own on top of a SLURM
+# allocation's (horovodrun inside `sbatch`), and `horovodrun --mpi` starts ranks through
+# mpirun. SLURM's variables count only inside a job step (`srun`), whose tasks all have
+# SLURM_STEP_NUM_TASKS; a batch script has SLURM_PROCID=0 but is one process. An MPI process
+# that started itself (OpenMPI's singleton, e.g. a plain process importing Merlin, which
+# initializes Horovod) sets none of these.
+_LAUNCHERS = (
+    ("horovodrun", "HOROVOD_SIZE", "HOROVOD_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_LOCAL_RANK"),
+    (
+        "mpirun",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+    ),
+    ("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID"),
+    ("mpiexec", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"),
+)
 
 
-def launch_env() -> tuple[int, int, int]:
-    """(size, rank, local size) from horovodrun's environment, without initializing Horovod.
+class LaunchError(RuntimeError):
+    """The launcher's environment contradicts itself or the Horovod it starts."""
+
+
+def launcher(env=None) -> str | None:
+    """Which launcher started this process ("horovodrun", "mpirun", "srun", "mpiexec"), or
+    None for a plain process."""
+    env = os.environ if env is None else env
+    return next((name for name, size, *_ in _LAUNCHERS if size in env), None)
+
+
+def _tasks_on_this_node(env) -> int:
+    """This node's share of SLURM_STEP_TASKS_PER_NODE ("2(x3),1": 2 on nodes 0-2, 1 on 3)."""
+    counts = []
+    for part in env["SLURM_STEP_TASKS_PER_NODE"].split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    node = int(env.get("SLURM_NODEID", 0))
+    if node >= len(counts):
+        raise LaunchError(
+            f"SLURM_NODEID={node} but SLURM_STEP_TASKS_PER_NODE="
+            f"{env['SLURM_STEP_TASKS_PER_NODE']!r} names {len(counts)} nodes"
+        )
+    return counts[node]
+
+
+def launch_env(env=None) -> tuple[int, int, int]:
+    """(size, rank, local size) from the launcher's environment, without initializing Horovod.
 
     For command-line checks that must run before TensorFlow or Horovod load.
     """
-    env = os.environ
-    return (
-        int(env.get("HOROVOD_SIZE", 1)),
-        int(env.get("HOROVOD_RANK", 0)),
-        int(env.get("HOROVOD_LOCAL_SIZE", 1)),
-    )
+    env = os.environ if env is None else env
+    for name, size, rank, local_size, _ in _LAUNCHERS:
+        if size in env:
+            try:
+                local = _tasks_on_this_node(env) if name == "srun" else int(env.get(local_size, 1))
+                return int(env[size]), int(env.get(rank, 0)), local
+            except ValueError as err:
+                raise LaunchError(f"{name}'s environment does not parse: {err}") from None
+    return 1, 0, 1
 
 
-def launch_local_rank() -> int:
-    """This process's index among the ranks of its host, from horovodrun's environment."""
-    return int(os.environ.get("HOROVOD_LOCAL_RANK", 0))
+def launch_local_rank(env=None) -> int:
+    """This process's index among the ranks of its host, from the launcher's environment."""
+    env = os.environ if env is None else env
+    for _, size, _, _, local_rank in _LAUNCHERS:
+        if size in env:
+            return int(env.get(local_rank, 0))
+    return 0
+
+
+def check_launch(horovod, env=None) -> str:
+    """After Horovod started: the launcher's world must be Horovod's (a task that srun started
+    without MPI, or with a Horovod built without MPI, sees a world of 1 and would train alone).
+    Returns the one line that says how this process was launched."""
+    env = os.environ if env is None else env
+    name = launcher(env)
+    size, rank, _ = launch_env(env)
+    transport = "MPI" if horovod.mpi_enabled() else "Gloo"
+    if env.get("HOROVOD_ELASTIC") == "1":  # ranks come and go: Horovod's world is the truth
+        return f"merlin_models_de: {horovod.size()} ranks started by {name} (elastic), Gloo"
+    if (horovod.size(), horovod.rank()) != (size, rank):
+        if not horovod.mpi_built():
+            fix = "this Horovod has no MPI: build it with HOROVOD_WITH_MPI=1 (README, Installing)"
+        elif not horovod.mpi_enabled():
+            fix = f"HOROVOD_CONTROLLER={env.get('HOROVOD_CONTROLLER')!r} chose Gloo: unset it"
+        else:
+            fix = "MPI did not see the other tasks: under SLURM start them with `srun --mpi=pmix`"
+        raise LaunchError(
+            f"{name} started rank {rank} of {size}, but Horovod ({transport}) sees rank "
+            f"{horovod.rank()} of {horovod.size()}: {fix}"
+        )
+    return f"merlin_models_de: {size} ranks started by {name}, Horovod over {transport}"
 
 
 _SINGLE = []  # non-empty while single_process() is active
@@ -76,8 +153,8 @@ def overridden() -> bool:
     return bool(_SINGLE)
 
 
-def _launched_by_horovod() -> bool:
-    return any(v in os.environ for v in _LAUNCH_VARS)
+def _launched() -> bool:
+    return launcher() is not None
 
 
 def hvd(defaults=None):
@@ -88,7 +165,7 @@ def hvd(defaults=None):
     """
     if _SINGLE:
         return None
-    if not _launched_by_horovod():
+    if not _launched():
         try:
             import horovod.tensorflow as h  # noqa: F401
         except ImportError:
@@ -102,7 +179,17 @@ def hvd(defaults=None):
         before = _thread_ids()
         h.init()  # returns once its loop and transport threads run
         _HOROVOD_THREADS[:] = sorted(_thread_ids() - before)
+    _announce_launch(h)
     return h
+
+
+@functools.cache  # once a process (an error is not cached: every later call raises it again)
+def _announce_launch(horovod) -> None:
+    """Checks the launch against the Horovod that runs (whoever initialized it: Merlin's import
+    does) and says in one line, on rank 0, how this job was launched."""
+    started = check_launch(horovod)
+    if horovod.rank() == 0:
+        print(started, file=sys.stderr, flush=True)
 
 
 def _thread_ids() -> set[int]:

@@ -5,56 +5,21 @@ one written by one process restores on 2 hosts. The next-item command on 2 hosts
 process does (the DLRM command runs on 2 hosts in test_elastic.py)."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from tests.multihost.conftest import IFACE, horovodrun
+from tests.multihost.jobs.reference import assert_same_weights, fit_spec, one_process
 
 PER_RANK = 16
 STEPS = 3
 JOB = ["-m", "tests.multihost.jobs.fit_job"]
 
 
-def _reference(tmp, spec):
-    """The one-process oracle (tests/ranks/fit_reference) on fresh data."""
-    from tests.ranks import oracle_dlrm as fc
-
-    src, ref = str(tmp / "in.npz"), str(tmp / "ref.npz")
-    np.savez(
-        src, spec=json.dumps(spec), **fc.make_data(spec["world_size"] * PER_RANK * STEPS, seed=5)
-    )
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.ranks.fit_reference", src, ref],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return src, ref, dict(np.load(ref, allow_pickle=True))
-
-
-def _assert_equal(got, want, prefix=""):
-    keys = [k for k in got if k.startswith(("dense/", "table/"))]
-    assert keys and len(keys) == len(
-        [k for k in want if k.startswith(prefix + "dense/") or k.startswith(prefix + "table/")]
-    )
-    for key in keys:
-        np.testing.assert_allclose(got[key], want[prefix + key], rtol=1e-4, atol=1e-5, err_msg=key)
-
-
 def _fit_job(tmp, hosts_arg, ranks):
-    spec = dict(
-        optimizer="adagrad",
-        lr=0.05,
-        strategy="memory_balanced",
-        column=4000,
-        world_size=ranks,
-        per_rank=PER_RANK,
-    )
-    src, ref_path, ref = _reference(tmp, spec)
+    spec = fit_spec(ranks, PER_RANK)
+    src, ref_path, ref = one_process(tmp, spec, PER_RANK, STEPS)
     job = horovodrun(hosts_arg, ranks, [*JOB, src, ref_path, str(tmp)], tmp)
     assert job.code == 0, job.output[-4000:]
     print(f"{hosts_arg}: {job.seconds:.0f} s")
@@ -79,7 +44,7 @@ def test_fit_on_two_hosts_equals_one_process(hosts, request, tmp_path, hosts_arg
         _, _, ref = _fit_job(tmp_path, hosts_arg, ranks)
     got = dict(np.load(tmp_path / "final.npz"))
     assert list(got["hosts"]) == [h for h in ("h1", "h2") for _ in range(ranks // 2)]
-    _assert_equal(got, ref, "final/")
+    assert_same_weights(got, ref, "final/")
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4, atol=1e-5)
     assert not np.allclose(got["table/C1"], ref["initial/table/C1"])  # it trained
 
@@ -101,7 +66,7 @@ def test_checkpoints_move_between_two_hosts_and_one_process(two_by_one, tmp_path
     model.compile(optimizer=fc.optimizer("adagrad", 0.05))
     restore_checkpoint(model, str(written_dir / "ckpt"))
     mine = fc.snapshot(model)
-    _assert_equal(mine, written)
+    assert_same_weights(mine, written)
 
     # 1 process -> 2 hosts: a changed table comes back on both hosts
     for block in embedding_blocks(model):
@@ -114,7 +79,7 @@ def test_checkpoints_move_between_two_hosts_and_one_process(two_by_one, tmp_path
     assert back.code == 0, back.output[-4000:]
     restored = dict(np.load(tmp_path / "restored.npz"))
     assert list(restored["hosts"]) == ["h1", "h2"]
-    _assert_equal(restored, mine)
+    assert_same_weights(restored, mine)
 
 
 NEXT_ITEM = [

@@ -13,8 +13,9 @@ _last = [time.monotonic()]
 
 
 def host():
-    """The host name horovodrun gave this rank (-H), else the machine's."""
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    """The host name horovodrun (-H) or SLURM gave this rank, else the machine's."""
+    env = os.environ
+    return env.get("HOROVOD_HOSTNAME") or env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def progress():
@@ -23,7 +24,9 @@ def progress():
 
 def start(limit=None):
     limit = float(limit or os.environ.get("MMDE_WATCHDOG", "300"))
-    rank = os.environ.get("HOROVOD_RANK", "?")
+    from merlin_models_de.comm import launch_env  # no TensorFlow, no Horovod: safe this early
+
+    rank = launch_env()[1]
 
     def watch():
         while True:
