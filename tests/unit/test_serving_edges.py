@@ -58,9 +58,10 @@ def workflow(categories):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(workflow directory, model directory, the loaded model, its ranking ensemble)."""
+    """(the directory of the workflow and the model, the trained model, its ranking
+    ensemble)."""
     from merlin_models_de import DistributedEmbeddings
-    from merlin_models_de.serving.ensemble import load_model, ranking_ensemble
+    from merlin_models_de.serving.ensemble import ranking_ensemble
 
     root = tmp_path_factory.mktemp("edges")
     wf = workflow(str(root / "categories"))
@@ -78,7 +79,7 @@ def served(tmp_path_factory):
     model.fit(mm.Loader(train, batch_size=16), epochs=1, verbose=0)
     model.save(str(root / "model"))
     ensemble = ranking_ensemble(root / "workflow", root / "model", label_columns=["click"])
-    return root, load_model(root / "model"), ensemble
+    return root, model, ensemble  # the trained model: model.predict as training left it
 
 
 def scores(ensemble, rows):
