@@ -273,15 +273,10 @@ class TiedTablePrediction(tf.keras.layers.Layer):
         if self.logits_temperature != 1.0:
             hidden = hidden / self.logits_temperature
         rows, offset = self.table.local_rows()
+        # the same catalog for the loss and the ranks: this rank's rows, bias and chunks
+        catalog = dict(bias_rows=self._bias_rows(), chunk_rows=self.chunk_rows)
         losses = sharded_softmax_cross_entropy(
-            hidden,
-            targets,
-            rows,
-            offset,
-            self.num_classes,
-            bias_rows=self._bias_rows(),
-            chunk_rows=self.chunk_rows,
-            name=f"mmde_tied_{name}",
+            hidden, targets, rows, offset, self.num_classes, name=f"mmde_tied_{name}", **catalog
         )
         if training:
             losses = _global_mean_share(losses, f"mmde_tied_{name}_count")
@@ -293,9 +288,8 @@ class TiedTablePrediction(tf.keras.layers.Layer):
                 rows,
                 offset,
                 self.num_classes,
-                bias_rows=self._bias_rows(),
-                chunk_rows=self.chunk_rows,
                 name=f"mmde_tied_{name}_rank",
+                **catalog,
             )
         else:  # no top-k metrics: no ranking pass (compile refuses top-k metrics)
             ranks = tf.fill(tf.shape(losses), -1)
