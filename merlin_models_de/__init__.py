@@ -61,7 +61,7 @@ _LAZY = {
     "ShardedTopK": "merlin_models_de.outputs.topk",
     "top_k_model": "merlin_models_de.outputs.topk",
     "GlobalInBatchSampler": "merlin_models_de.outputs.samplers",
-    "load_model": "merlin_models_de.serving.ensemble",
+    "load_model": "merlin_models_de.serving.loading",
     "ranking_ensemble": "merlin_models_de.serving.ensemble",
     "save_query_model": "merlin_models_de.serving.retrieval",
     "retrieval_ensemble": "merlin_models_de.serving.retrieval",

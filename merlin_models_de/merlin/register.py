@@ -21,6 +21,21 @@ TARGET = "merlin.models.tf"
 NAME = "DistributedEmbeddings"
 _LAYER = "merlin_models_de.block.layer"
 _HOOKS = "merlin_models_de.merlin.hooks"
+# Every module of ours that registers Keras classes (``register_keras_serializable``). Keras
+# rebuilds a saved model from its config only if each class in it is registered, and our
+# modules load lazily: a loader imports all of them first (:func:`load_keras_classes`), or
+# it revives a bare copy without Merlin's methods. tests/unit/test_serving_retrieval.py
+# checks that this list names every such module.
+KERAS_MODULES = (
+    "merlin_models_de.block.layer",
+    "merlin_models_de.block.handles",
+    "merlin_models_de.block.views",
+    "merlin_models_de.outputs.tied",
+    "merlin_models_de.outputs.topk",
+    "merlin_models_de.outputs.samplers",
+    "merlin_models_de.outputs.rank_metrics",
+    "merlin_models_de.rowwise.adagrad",
+)
 
 
 def _attach(module) -> None:
@@ -76,6 +91,13 @@ class _Finder(importlib.abc.MetaPathFinder):
         if spec is not None and spec.loader is not None:
             spec.loader = _Loader(spec.loader)
         return spec
+
+
+def load_keras_classes() -> None:
+    """Registers every Keras class of this package (imports :data:`KERAS_MODULES`; loads
+    TensorFlow and Merlin Models)."""
+    for name in KERAS_MODULES:
+        importlib.import_module(name)
 
 
 def register() -> None:

@@ -14,22 +14,7 @@ Example:
 
 from __future__ import annotations
 
-
-def load_model(path: str):
-    """The model ``model.save(path)`` wrote, in this process. The package's layers register
-    with Keras when their modules load, which is lazy: without them Keras cannot rebuild
-    the model from its config and revives a bare copy without Merlin's methods (no
-    ``schema``, no ``blocks``)."""
-    import merlin.models.tf  # noqa: F401  (attaches mm.DistributedEmbeddings)
-    import tensorflow as tf
-
-    import merlin_models_de.block.layer  # noqa: F401
-    import merlin_models_de.outputs.tied  # noqa: F401
-    import merlin_models_de.outputs.topk  # noqa: F401
-
-    # the package saves an uncompiled copy: compile=False, or Keras warns that it found no
-    # training configuration (compile the model to train it further)
-    return tf.keras.models.load_model(str(path), compile=False)
+from merlin_models_de.serving.loading import load_model
 
 
 def load_workflow(workflow):

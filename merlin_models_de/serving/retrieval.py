@@ -8,7 +8,7 @@ The table itself comes from the parallel table export (:mod:`.faiss_index`), so 
 never needs a training process that holds the whole table.
 
 Example (one process, no Horovod):
-    >>> model = tf.keras.models.load_model("out/model")  # model.save under horovodrun  # doctest: +SKIP
+    >>> model = load_model("out/model")  # model.save under horovodrun  # doctest: +SKIP
     >>> save_query_model(model, "out/query")  # doctest: +SKIP
     >>> build_faiss_index("out/items", "out/items.faiss")  # doctest: +SKIP
     >>> ensemble = retrieval_ensemble("out/workflow", "out/query", "out/items.faiss", k=10)  # doctest: +SKIP
@@ -20,6 +20,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.serving.ensemble import checked_ensemble, load_workflow, workflow_and_model
+from merlin_models_de.serving.loading import column_of
 
 QUERY_OUTPUT = "query"
 
@@ -42,11 +43,7 @@ class QueryTower(tf.Module):
         from merlin.models.tf.utils.tf_utils import call_layer
 
         wanted = set(self.model.schema.column_names)
-        inputs = {
-            k: v
-            for k, v in inputs.items()
-            if k.replace("__values", "").replace("__offsets", "") in wanted
-        }
+        inputs = {k: v for k, v in inputs.items() if column_of(k) in wanted}
         outputs = self.prepare(inputs)
         for block in self.body:
             outputs = call_layer(block, outputs, features=outputs)
@@ -72,12 +69,40 @@ def _input_signature(schema, offsets_dtype=tf.int64):
     return specs
 
 
+def check_query_side(model) -> None:
+    """Refuses a model whose query side is not every block before an output tied to one of
+    the block's tables (the index :func:`.faiss_index.build_faiss_index` makes holds that
+    table's rows): a two-tower model scores its candidate tower's outputs instead."""
+    from merlin_models_de.block.handles import TableHandle
+
+    output = model.blocks[-1] if getattr(model, "blocks", None) else None
+    if isinstance(getattr(getattr(output, "to_call", None), "table", None), TableHandle):
+        return
+    if getattr(model, "has_candidate_encoder", False):
+        raise ValueError(
+            "save_query_model serves a model whose output is tied to an item table of "
+            "DistributedEmbeddings (query vector times the table's rows), but this model "
+            "scores the outputs of its candidate tower. For a two-tower model, save "
+            "model.query_encoder (Merlin's Encoder.save) and index "
+            "model.candidate_embeddings(items), or use model.to_top_k_encoder(items) in one "
+            f"process. Received: {type(model).__name__} with a candidate encoder"
+        )
+    raise ValueError(
+        "save_query_model needs a model whose last block is an output tied to an item table "
+        "of DistributedEmbeddings (e.g. mm.CategoricalOutput(to_call=block['item_id'])); "
+        "a model loaded with tf.keras.models.load_model instead of "
+        "merlin_models_de.load_model has no blocks. Received: "
+        f"{type(model).__name__} whose last block is {type(output).__name__}"
+    )
+
+
 def save_query_model(model, path: str, workflow=None) -> str:
     """Saves the query side of ``model`` (one process; a trained model whose last block is
     an output tied to the item table) as a SavedModel with a ``serving_default`` signature
     that Merlin Systems' ``PredictTensorflow`` and Triton's TensorFlow backend read. Its
     inputs: the columns ``workflow`` writes (the tower ignores those the model does not
     read), else the model's own (the ensemble's ``ModelInputs`` drops the others)."""
+    check_query_side(model)
     schema = load_workflow(workflow).output_schema if workflow is not None else model.schema
 
     class Tower(QueryTower):
@@ -100,4 +125,10 @@ def retrieval_ensemble(workflow, query_path: str, index_path: str, k: int = 10, 
     return checked_ensemble(node >> QueryFaiss(str(index_path), topk=k), workflow)
 
 
-__all__ = ["QueryTower", "save_query_model", "retrieval_ensemble", "QUERY_OUTPUT"]
+__all__ = [
+    "QueryTower",
+    "check_query_side",
+    "save_query_model",
+    "retrieval_ensemble",
+    "QUERY_OUTPUT",
+]
