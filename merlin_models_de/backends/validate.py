@@ -36,6 +36,8 @@ def ordered_inputs(inputs, features):
             ordered.append(None)
             continue
         value = inputs[f.name]
+        if getattr(value, "dtype", None) == tf.uint64:
+            problems.append(ids_within_int64(value, f.name))
         if not f.multi_hot and _width_unknown(value):
             value, check = one_id_per_sample(value, f.name)
             problems.append(check)
@@ -133,6 +135,25 @@ def _width_unknown(value) -> bool:
     if shape.rank == 3 and shape[-1] == 1:
         shape = shape[:-1]
     return shape.rank == 2 and shape[-1] is None
+
+
+def ids_within_int64(value, feature: str):
+    """The ``(ok, data)`` check of a uint64 feature's ids: an id above int64's range lies
+    outside every table, and once cast to int64 (every lookup's dtype) it would read, and be
+    reported, as a negative number; the check names it as given."""
+    if isinstance(value, tf.SparseTensor):
+        value = value.values
+    if isinstance(value, tf.RaggedTensor):
+        value = value.flat_values
+    flat = tf.reshape(value, [-1])
+    largest = tf.reduce_max(tf.concat([flat, tf.zeros([1], tf.uint64)], 0))
+    return (
+        largest <= tf.constant(2**63 - 1, tf.uint64),
+        [
+            f"An id is outside its table (above int64's range). Received: feature={feature} id=",
+            largest,
+        ],
+    )
 
 
 def one_id_per_sample(value, feature: str):

@@ -25,6 +25,8 @@ def install_merlin_hooks(hooks) -> None:
     ``before_compile(model, optimizer)`` (the optimizer as the user passed it, before Merlin
     or Keras compile anything), ``after_compile(model)`` (both on any number of ranks) and
     ``rebuild_scope()`` (a context around every model class's ``from_config``),
+    ``check_inputs(model, method, arguments)`` (in one process, before ``fit`` / ``evaluate`` /
+    ``predict``: the call's ``x`` / ``validation_data`` by name),
     ``fit_input(model, x)`` (the training data ``fit`` reads, for models whose class keeps
     Merlin's ``train_step``) and ``step_inputs(model, data)`` (a context around each traced
     ``train_step`` that yields the data the step sees).
@@ -51,6 +53,7 @@ def install_merlin_hooks(hooks) -> None:
 
     def evaluate(self, x=None, *args, **kwargs):
         if not hooks.active(self):
+            hooks.check_inputs(self, "evaluate", {"x": x})
             return evaluate_(self, x, *args, **kwargs)
         x, args, kwargs = _loaders_first(evaluate_, hooks, "evaluate", self, x, args, kwargs)
         return hooks.evaluate(evaluate_, self, x, *args, **kwargs)
@@ -61,6 +64,8 @@ def install_merlin_hooks(hooks) -> None:
             hooks.before_fit(self)
             if type(self).train_step is train_step:  # a subclass's own step would not unpack it
                 x = hooks.fit_input(self, x)
+        else:
+            hooks.check_inputs(self, "fit", {"x": x, **kwargs})
         return fit_(self, x, *args, **kwargs)
 
     def train_step(self, data):
@@ -70,6 +75,8 @@ def install_merlin_hooks(hooks) -> None:
     def predict(self, x, *args, **kwargs):
         if hooks.active(self):
             x, args, kwargs = _loaders_first(predict_, hooks, "predict", self, x, args, kwargs)
+        else:
+            hooks.check_inputs(self, "predict", {"x": x})
         return predict_(self, x, *args, **kwargs)
 
     def _add_horovod_callbacks(self, callbacks):

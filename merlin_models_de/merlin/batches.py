@@ -137,6 +137,7 @@ def compare(method, what, plans, given):
     known = [count for count in counts if count >= 0]
     if UNKNOWN in counts:
         return
+    empty_ranks(method, what, counts)
     if len(set(counts)) > 1:
         fewest = min(known) if known else 0
         raise ValueError(
@@ -157,6 +158,28 @@ def compare(method, what, plans, given):
             f"drop_last=True) (arrays: rows that are a multiple of the batch size), or "
             f"pass {given}={full}."
         )
+
+
+def empty_ranks(method, what, counts):
+    """Raises when some rank has no batch of an input: on every rank, Keras' "Empty logs"
+    (``fit``, ``predict``) or an empty result (``evaluate``); on some, a step count that
+    trains nothing. The fix is in the data, or in fewer ranks."""
+    empty = [rank for rank, count in enumerate(counts) if count == 0]
+    if not empty:
+        return
+    source = what.replace(" batches", "") if what != "batches" else "x"
+    why = "(no rows, or fewer rows than one batch with drop_last)"
+    if len(empty) == len(counts):
+        raise ValueError(
+            f"{method}: {source} has no batches on any rank {why}: there is no data to read. "
+            f"Batches per rank: {_by_rank(counts)}."
+        )
+    raise ValueError(
+        f"{method}: {source} has no batches on rank(s) {empty} {why} while the others have "
+        f"some. Batches per rank: {_by_rank(counts)}. Give every rank rows: repartition "
+        f"the data (ds.repartition(npartitions=N) with N a multiple of {len(counts)}, "
+        f"partitions of equal size), or run fewer ranks."
+    )
 
 
 def _by_rank(values):

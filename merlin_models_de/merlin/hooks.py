@@ -53,6 +53,7 @@ from merlin_models_de.compat import merlin as merlin_compat
 from merlin_models_de.merlin.calls import prepare_call
 from merlin_models_de.merlin.id_report import report_for
 from merlin_models_de.merlin.input import rank_loader
+from merlin_models_de.merlin.input_checks import check_inputs
 from merlin_models_de.merlin.optimizers import (
     check_table_dtype,
     check_updated_tables,
@@ -143,8 +144,16 @@ class MerlinHooks:
         unknown length made to end together (:mod:`.ending`), ``verbose`` 0 on ranks other
         than 0 unless given, ``evaluate`` / ``predict``'s report of ids outside their
         tables, and no validation data left from an earlier ``fit`` (Keras keeps it after a
-        failed call, and a retry would read it)."""
+        failed call, and a retry would read it). The blocks' features are checked first
+        (:mod:`.input_checks`)."""
+        check_inputs(model, method, arguments)
         return prepare_call(model, method, arguments)
+
+    @staticmethod
+    def check_inputs(model, method, arguments):
+        """In one process, what :meth:`prepare` checks first: the blocks' features of the
+        call's input, before Keras traces a step."""
+        check_inputs(model, method, arguments)
 
     @staticmethod
     def before_compile(model, optimizer):

@@ -247,3 +247,42 @@ def test_the_package_callbacks_are_not_slow(hvd):
         m for m in logs.messages if "is slow compared to the batch time" in m
     ], logs.messages
     still_in_step()
+
+
+def test_no_rows_on_every_rank_names_that_for_every_method(hvd, model):
+    x, y = arrays(0)
+    steps = Steps()
+    empty = r"x has no batches on any rank .*no data to read. Batches per rank: \{0: 0, 1: 0\}"
+    with pytest.raises(ValueError, match=rf"^fit: {empty}"):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[steps])
+    with pytest.raises(ValueError, match=rf"^evaluate: {empty}"):
+        model.evaluate(x, y, batch_size=BATCH, verbose=0, callbacks=[steps])
+    with pytest.raises(ValueError, match=rf"^predict: {empty}"):
+        model.predict(x, batch_size=BATCH, verbose=0, callbacks=[steps])
+    assert (steps.train, steps.test, steps.predict) == (0, 0, 0)
+    still_in_step()
+
+
+def test_no_rows_on_one_rank_names_it_and_the_fix(hvd, model):
+    x, y = arrays(0 if comm.rank() == 1 else 2 * BATCH)
+    with pytest.raises(
+        ValueError,
+        match=r"^fit: x has no batches on rank\(s\) \[1\] .*Batches per rank: \{0: 2, 1: 0\}\. "
+        r"Give every rank rows: repartition .*or run fewer ranks\.$",
+    ) as raised:
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+    assert "steps_per_epoch=0" not in str(raised.value)
+    still_in_step()
+
+
+def test_float_ids_on_one_rank_fail_every_rank_before_the_first_step(hvd, model):
+    x, y = arrays(BATCH)
+    if comm.rank() == 1:
+        x["user"] = x["user"].astype(np.float64)
+    own = r"fit: x: feature 'user' \(block 'embeddings'\) must hold integer ids. Received: dtype=float64"
+    with pytest.raises(
+        ValueError, match=own if comm.rank() == 1 else rf"failed on rank 1: .*{own}"
+    ):
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+    still_in_step()
+    assert np.isfinite(model.fit(*arrays(BATCH), batch_size=BATCH, verbose=0).history["loss"][0])

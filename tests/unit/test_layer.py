@@ -281,3 +281,17 @@ def test_summary_counts_the_compiled_optimizers_slots(optimizer, line):
     model.compile(optimizer=optimizer())
     assert line in block.summary()
     assert "optimizer=adam (+2 slot copies)" in block.summary("adam")  # a name given wins
+
+
+@pytest.mark.parametrize("validate_ids", [True, False])
+def test_a_uint64_id_above_int64_is_named_as_given(validate_ids):
+    """2**63 + 5 read as int64 is negative: the error names it as the uint64 it was, with or
+    without the range check of ids (before: the negative number, or TF's gather error)."""
+    block = DistributedEmbeddings(Schema([cat("user", 9)]), dim=2, validate_ids=validate_ids)
+    block({"user": tf.constant([1], tf.uint64)})
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"(?s)outside its table \(above int64's range\). Received: "
+        r"feature=user id=.*\b9223372036854775813\b",
+    ):
+        block({"user": tf.constant([1, 2**63 + 5], tf.uint64)})
