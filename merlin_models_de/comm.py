@@ -53,11 +53,25 @@ class LaunchError(RuntimeError):
     """The launcher's environment contradicts itself or the Horovod it starts."""
 
 
+def _started_by(row, env) -> bool:
+    # its size says a launcher started this process (horovodrun's rank too); SLURM_PROCID does
+    # not: a batch script has it
+    return row[1] in env or (row[0] == "horovodrun" and row[2] in env)
+
+
+def _launch_row(env) -> tuple:
+    """The row of :data:`_LAUNCHERS` of the launcher that started this process; horovodrun's
+    otherwise, so that its per-host variables alone still say this process's share of a
+    host."""
+    return next((row for row in _LAUNCHERS if _started_by(row, env)), _LAUNCHERS[0])
+
+
 def launcher(env=None) -> str | None:
     """Which launcher started this process ("horovodrun", "mpirun", "srun", "mpiexec"), or
     None for a plain process."""
     env = os.environ if env is None else env
-    return next((name for name, size, *_ in _LAUNCHERS if size in env), None)
+    row = _launch_row(env)
+    return row[0] if _started_by(row, env) else None
 
 
 def _tasks_on_this_node(env) -> int:
@@ -81,23 +95,19 @@ def launch_env(env=None) -> tuple[int, int, int]:
     For command-line checks that must run before TensorFlow or Horovod load.
     """
     env = os.environ if env is None else env
-    for name, size, rank, local_size, _ in _LAUNCHERS:
-        if size in env:
-            try:
-                local = _tasks_on_this_node(env) if name == "srun" else int(env.get(local_size, 1))
-                return int(env[size]), int(env.get(rank, 0)), local
-            except ValueError as err:
-                raise LaunchError(f"{name}'s environment does not parse: {err}") from None
-    return 1, 0, 1
+    name, size, rank, local_size, _ = _launch_row(env)
+    try:
+        local = _tasks_on_this_node(env) if local_size in env and name == "srun" else None
+        local = local or int(env.get(local_size, 1))
+        return int(env.get(size, 1)), int(env.get(rank, 0)), local
+    except ValueError as err:
+        raise LaunchError(f"{name}'s environment does not parse: {err}") from None
 
 
 def launch_local_rank(env=None) -> int:
     """This process's index among the ranks of its host, from the launcher's environment."""
     env = os.environ if env is None else env
-    for _, size, _, _, local_rank in _LAUNCHERS:
-        if size in env:
-            return int(env.get(local_rank, 0))
-    return 0
+    return int(env.get(_launch_row(env)[4], 0))
 
 
 def check_launch(horovod, env=None) -> str:

@@ -34,6 +34,8 @@ SINGLETON = {"OMPI_MCA_ess": "singleton", "PMIX_RANK": "0", "OMPI_MCA_orte_ess_n
         ({**SRUN, **HOROVODRUN}, "horovodrun", (4, 3, 2), 1),
         (BATCH_SCRIPT, None, (1, 0, 1), 0),
         (SINGLETON, None, (1, 0, 1), 0),
+        # a host's share alone (a process told its place among its host's ranks)
+        ({"HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"}, None, (1, 0, 2), 1),
         ({}, None, (1, 0, 1), 0),
     ],
 )
