@@ -3,8 +3,8 @@
 # multi-process tests under `horovodrun -np 2`, the multi-host tests and Merlin's own tests with
 # the swap. Every stage has a timeout; a stuck rank prints "rank N stuck ..." with its stack and
 # fails the run instead of stalling CI.
-# Two tiers (tests/conftest.py): this runs the CI tier (26 minutes from a clean clone on 2
-# cores: setup 2.1, single-process 7.4, horovodrun 10.9, multi-host 3.2, peer 2.5);
+# Two tiers (tests/conftest.py): this runs the CI tier (34 minutes from a clean clone on 2
+# cores: setup 2.0, single-process 11.7, horovodrun 13.7, multi-host 4.5, peer 2.4);
 # `bash ci/test.sh --full` (MMDE_FULL=1) runs every test, the costlier parametrizations and
 # Merlin tests marked `full` and the docs' code blocks too (~2.5 hours).
 set -uo pipefail
@@ -65,7 +65,8 @@ run_stage "horovodrun -np $NP tests" \
 # where namespaces cannot be made): the hosts themselves, training on 2 hosts against the
 # one-process oracle, checkpoints between 2 hosts and 1 process, a host killed or cut
 # mid-training, elastic recovery and a host taken back (Keras fit, a custom loop, the
-# commands). CI tier: 5.9 minutes (one case of each); the full tier about 14.
+# commands), and a SLURM cluster on h1, h2 (scripts/slurm_hosts.sh): the oracle under srun, an
+# sbatch job of the DLRM command. CI tier: 4.5 minutes (one case of each); the full tier about 14.
 # `down` also clears what a killed run left.
 run_stage "multi-host tests (namespace hosts over ssh)" \
   timeout --kill-after=30 900 python -m pytest tests/multihost \

@@ -69,6 +69,7 @@ def test_fit_launched_by_mpi_equals_one_process(tmp_path, launch):
     assert not np.allclose(got["table/C1"], ref["initial/table/C1"])  # it trained
 
 
+@pytest.mark.full  # ~27 s; tests/multihost/test_slurm.py runs the command over MPI (srun)
 def test_the_dlrm_command_runs_under_mpirun(tmp_path):
     report = tmp_path / "report.json"
     run = mpirun(

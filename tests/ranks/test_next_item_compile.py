@@ -71,6 +71,7 @@ def test_the_example_trains_and_reports_top_k_metrics_as_one_process(hvd, tmp_pa
         assert evaluation[name] == pytest.approx(want[name], abs=5e-3), name
 
 
+@pytest.mark.full  # ~19 s; the oracle test above runs the same example exactly
 def test_the_example_as_written_reports_a_loss_and_top_k_metrics(hvd):
     """The example's random masks and dropout: no exact oracle, but a cross-entropy (not
     0.0) and every top-k metric, the same on every rank."""
