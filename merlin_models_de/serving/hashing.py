@@ -100,6 +100,10 @@ class ValueHashBucket(Operator):
     ``2 + value_hash(value) % num_buckets``, nulls the null id 1, 0 unused (padding), as
     ``Categorify`` lays ids out; the schema's domain is ``[0, num_buckets + 1]``."""
 
+    # what the served workflow's check reads: a saved workflow carries these classes by value
+    # (see above), so a loaded one's operators are not instances of this module's classes
+    hashes_value_only = True
+
     def __init__(self, num_buckets):
         super().__init__()
         if not isinstance(num_buckets, (int, dict)) or isinstance(num_buckets, bool):
@@ -137,6 +141,8 @@ class ValueCategorify(Categorify):
     """NVTabular's ``Categorify`` (same arguments, same vocabulary and ids), except that its
     out-of-vocabulary buckets (``num_buckets``) hash the value only, and that a batch whose
     scalar column is null in every row is encoded as the null id instead of failing."""
+
+    hashes_value_only = True  # as ValueHashBucket's
 
     def transform(self, col_selector: ColumnSelector, df):
         if col_selector.subgroups or not len(df):  # multi-column groups: NVTabular's as is

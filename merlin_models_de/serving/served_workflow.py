@@ -33,14 +33,14 @@ def row_hashing(workflow) -> list:
     from merlin.dag.node import iter_nodes
     from nvtabular.ops import Categorify, HashBucket
 
-    from merlin_models_de.serving.hashing import ValueCategorify
-
     found = []
     for node in iter_nodes([workflow.output_node]):
         op = node.op
+        if getattr(op, "hashes_value_only", False):  # ours, also as a loaded workflow has it
+            continue
         if isinstance(op, HashBucket):
             found += [(name, f"HashBucket({op.num_buckets})") for name in _written(node)]
-        elif isinstance(op, Categorify) and not isinstance(op, ValueCategorify):
+        elif isinstance(op, Categorify):
             for name in _written(node):
                 buckets = op.num_buckets
                 if isinstance(buckets, dict):

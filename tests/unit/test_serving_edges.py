@@ -145,6 +145,10 @@ def test_value_hashing_gives_a_value_one_id_in_any_row_batch_and_saved_copy(serv
     assert categories[0] == categories[1] == categories[3] == alone["category"][0]
     assert categories[2] == categories[4] == categories[5] and 2 <= categories.min() < 6
     assert loaded.output_schema["user_id"].int_domain.max == 51
+    # its operators are copies of ours (pickled by value), still known to hash the value only
+    from merlin_models_de.serving.served_workflow import row_hashing
+
+    assert row_hashing(loaded) == []
 
 
 def test_a_row_scores_the_same_alone_twice_and_in_a_batch(served):
