@@ -5,14 +5,13 @@ and the fix. Skipped, saying why, where OpenMPI or Horovod's MPI is missing (ci/
 installs both)."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.commands.launch import HOROVODRUN
+from tests.commands.launch import HOROVODRUN, horovod_without_mpi
 from tests.commands.launch import QUIET_ENV as ENV
 from tests.multihost.jobs.reference import assert_same_weights, fit_spec, one_process
 
@@ -21,22 +20,7 @@ FIT_JOB = [sys.executable, "-m", "tests.multihost.jobs.fit_job"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _why_no_mpi():
-    if not shutil.which("mpirun"):
-        return "OpenMPI's mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
-    probe = subprocess.run(
-        [sys.executable, "-c", "import horovod.tensorflow as h; print(h.mpi_built())"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=120,
-    )
-    if probe.stdout.strip() != "True":
-        return "Horovod was built without MPI (ci/setup.sh builds it with HOROVOD_WITH_MPI=1)"
-    return None
-
-
-WHY_NO_MPI = _why_no_mpi()
+WHY_NO_MPI = horovod_without_mpi()
 pytestmark = pytest.mark.skipif(bool(WHY_NO_MPI), reason=str(WHY_NO_MPI))
 
 

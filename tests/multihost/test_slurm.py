@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.commands.launch import horovod_without_mpi
 from tests.multihost.conftest import ROOT
 from tests.multihost.jobs.reference import assert_same_weights, fit_spec, one_process
 
@@ -33,15 +34,9 @@ def cluster(hosts):
     why = slurm("cannot", timeout=60)
     if why.returncode != 0:
         pytest.skip(f"no SLURM cluster here: {why.stdout.strip() or why.stderr.strip()}")
-    probe = subprocess.run(
-        [sys.executable, "-c", "import horovod.tensorflow as h; print(h.mpi_built())"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=120,
-    )
-    if probe.stdout.strip() != "True":
-        pytest.skip("Horovod was built without MPI (ci/setup.sh builds it with MPI)")
+    why_not = horovod_without_mpi()
+    if why_not:
+        pytest.skip(why_not)
     started = slurm("start", "2", timeout=120)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
