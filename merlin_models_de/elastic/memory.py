@@ -17,10 +17,8 @@ A rank's peak in a reset, over what it holds before (the old model is freed firs
 - either way its tables and slots resident ``ALLOCATOR_OVERHEAD`` above their bytes, as in
   the plan's memory model (``planner/memory.py``).
 
-What a rank can still get is the smaller of the host's available memory and its cgroup's
-headroom (:func:`available_bytes`): in a container or a scheduler's job the kernel kills at
-the cgroup's limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``, of its cgroup or
-any above it), long before the host runs out.
+What a rank can still get is ``backends.memory.available_bytes``: the host's available memory,
+or less under a cgroup's limit.
 
 Example:
     >>> need = reset_peak_bytes(manifest, world_size=1)            # doctest: +SKIP
@@ -35,102 +33,12 @@ import os
 import numpy as np
 
 from merlin_models_de import planner
-from merlin_models_de.backends.memory import available_memory_bytes
 from merlin_models_de.planner.memory import ALLOCATOR_OVERHEAD
 from merlin_models_de.tables import human_bytes
 
 # the largest world size the advice in the refusal looks for (re-planning is cheap up to here;
 # every rank waits for the slowest in the check's agreement)
 MAX_SUGGESTED_WORLD = 64
-
-
-CGROUP_ROOT = "/sys/fs/cgroup"
-# cgroup v1 says "no limit" with the largest page multiple below 2**63
-_NO_LIMIT = 2**62
-# per cgroup version: the files of its limit, its usage, and the line of memory.stat that
-# counts the file cache the kernel drops before it kills (not memory a rank is using)
-_FILES = {
-    2: ("memory.max", "memory.current", "inactive_file"),
-    1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-}
-
-
-def available_bytes(cgroup_root: str = CGROUP_ROOT, membership: str = "/proc/self/cgroup"):
-    """The bytes this process can still get: the smaller of the host's available memory and
-    its cgroup's headroom (:func:`cgroup_headroom_bytes`); None when neither is known."""
-    known = [
-        v
-        for v in (available_memory_bytes(), cgroup_headroom_bytes(cgroup_root, membership))
-        if v is not None
-    ]
-    return min(known, default=None)
-
-
-def cgroup_headroom_bytes(root: str = CGROUP_ROOT, membership: str = "/proc/self/cgroup"):
-    """What the memory cgroup of the process whose ``/proc/<pid>/cgroup`` is ``membership``
-    can still give, under the cgroup file system mounted at ``root``: the smallest, over it
-    and every cgroup above it with a limit, of the limit minus the usage (the droppable file
-    cache not counted as used). None without a limit, or where cgroups are not readable."""
-    try:
-        with open(membership, encoding="ascii") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-    except OSError:
-        return None
-    found = _memory_cgroup(root, lines)
-    if found is None:
-        return None
-    version, mount, path = found
-    headrooms = []
-    while True:
-        headroom = _headroom(os.path.join(mount, path.lstrip("/")), version)
-        if headroom is not None:
-            headrooms.append(headroom)
-        if path in ("", "/"):
-            return min(headrooms, default=None)
-        path = os.path.dirname(path)
-
-
-def _memory_cgroup(root: str, lines):
-    """``(version, mount of the memory hierarchy, the process's cgroup in it)`` or None."""
-    for _, controllers, path in lines:  # cgroup v1 (also in a hybrid with v2 beside it)
-        if "memory" in controllers.split(",") and os.path.isdir(os.path.join(root, "memory")):
-            return 1, os.path.join(root, "memory"), _visible(os.path.join(root, "memory"), path)
-    try:
-        with open(os.path.join(root, "cgroup.controllers"), encoding="ascii") as f:
-            unified = "memory" in f.read().split()
-    except OSError:
-        unified = False
-    for hierarchy, controllers, path in lines:
-        if unified and hierarchy == "0" and controllers == "":
-            return 2, root, _visible(root, path)
-    return None
-
-
-def _visible(mount: str, path: str) -> str:
-    """``path``, or "/" when it is not below ``mount`` (a cgroup namespace shows the
-    process's own cgroup as the root)."""
-    return path if os.path.isdir(os.path.join(mount, path.lstrip("/"))) else "/"
-
-
-def _headroom(directory: str, version: int):
-    """Limit minus usage (droppable cache not counted) of one cgroup; None without a limit."""
-    limit_file, usage_file, cache_line = _FILES[version]
-    try:
-        with open(os.path.join(directory, limit_file), encoding="ascii") as f:
-            text = f.read().strip()
-        if text == "max" or int(text) >= _NO_LIMIT:
-            return None
-        with open(os.path.join(directory, usage_file), encoding="ascii") as f:
-            usage = int(f.read())
-    except (OSError, ValueError):
-        return None
-    try:
-        with open(os.path.join(directory, "memory.stat"), encoding="ascii") as f:
-            stats = dict(line.split(None, 1) for line in f if " " in line)
-        cache = int(stats.get(cache_line, 0))
-    except (OSError, ValueError):
-        cache = 0
-    return max(0, int(text) - max(0, usage - cache))
 
 
 def _replanned(block, world_size: int):

@@ -25,8 +25,9 @@ import gc
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.backends.memory import available_bytes
 from merlin_models_de.compat import horovod as compat_horovod
-from merlin_models_de.elastic.memory import available_bytes, reset_problem
+from merlin_models_de.elastic.memory import reset_problem
 from merlin_models_de.persistence.checkpoint import (
     latest_checkpoint,
     restore_checkpoint,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.horovod.exchange import back_to_askers
 from merlin_models_de.outputs.vocab_parallel import (
     DEFAULT_CHUNK_ROWS,
     _check_targets,
@@ -87,7 +86,8 @@ def sharded_target_rank(
         return (count + tf.reduce_sum(tf.cast(ahead, tf.int32), axis=1),)
 
     (count,) = _scan(table, chunk_rows, body, (tf.zeros(tf.shape(y), tf.int32),))
-    received = back_to_askers(comm.after(count, target), sizes, f"{name}_counts")
+    # each asker's counts back to it (the all-to-all the loss's statistics take too)
+    received, _ = comm.alltoall(comm.after(count, target), sizes, name=f"{name}_counts")
     return tf.reduce_sum(tf.reshape(received, [comm.size(), -1]), axis=0)
 
 

@@ -1,5 +1,5 @@
 """An elastic reset's memory check counts what the cgroup can still give, not only the host
-(merlin_models_de.elastic.memory): cgroup v2 and v1 file trees as the kernel writes them,
+(merlin_models_de.backends.memory): cgroup v2 and v1 file trees as the kernel writes them,
 the limit of a cgroup above the process, and a real cgroup of this machine."""
 
 import os
@@ -8,13 +8,12 @@ import sys
 
 import pytest
 
-from merlin_models_de.backends.memory import available_memory_bytes
-from merlin_models_de.elastic.memory import (
+from merlin_models_de.backends.memory import (
     available_bytes,
+    available_memory_bytes,
     cgroup_headroom_bytes,
-    reset_peak_bytes,
-    reset_problem,
 )
+from merlin_models_de.elastic.memory import reset_peak_bytes, reset_problem
 from tests.unit.test_elastic_memory import _manifest
 
 GIB, MIB = 2**30, 2**20

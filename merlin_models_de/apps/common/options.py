@@ -24,7 +24,7 @@ import time
 
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.huge_pages import relaunch_on_huge_pages
-from merlin_models_de.backends.memory import available_memory_bytes
+from merlin_models_de.backends.memory import available_bytes
 from merlin_models_de.comm import launch_env
 from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
 
@@ -226,8 +226,8 @@ def parquet_rows_problem(flag: str, path: str, files: list[str]) -> str | None:
 
 def memory_problem(what: str, needed: int, flag: str, value) -> str | None:
     """The problem when ``needed`` bytes (one rank's) exceed this host's available memory
-    shared by its ranks, or None (also where the host does not report it)."""
-    host = available_memory_bytes()
+    (or its cgroup's headroom) shared by its ranks, or None (also where neither is known)."""
+    host = available_bytes()
     if host is None:
         return None
     available = host // max(1, world()[2])
