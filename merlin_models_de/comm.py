@@ -1,4 +1,4 @@
-"""Collectives and the launch environment: with :mod:`merlin_models_de.compat`, the only
+"""Collectives: with :mod:`merlin_models_de.compat`, the only
 module that imports Horovod (this one uses its public API only).
 
 Nothing here runs at import time: Horovod is imported and initialized on first use, and
@@ -18,6 +18,8 @@ import importlib
 import os
 import sys
 
+from merlin_models_de.launchers import check_launch, launcher
+
 
 class _LazyTF:
     """``tf`` imported on first use, so importing this module never loads TensorFlow."""
@@ -27,112 +29,6 @@ class _LazyTF:
 
 
 tf = _LazyTF()
-
-# How each launcher tells a process its place: (launcher, size, rank, local size, local rank).
-# The first whose variables are set names the launch: horovodrun sets its own on top of a SLURM
-# allocation's (horovodrun inside `sbatch`), and `horovodrun --mpi` starts ranks through
-# mpirun. SLURM's variables count only inside a job step (`srun`), whose tasks all have
-# SLURM_STEP_NUM_TASKS; a batch script has SLURM_PROCID=0 but is one process. An MPI process
-# that started itself (OpenMPI's singleton, e.g. a plain process importing Merlin, which
-# initializes Horovod) sets none of these.
-_LAUNCHERS = (
-    ("horovodrun", "HOROVOD_SIZE", "HOROVOD_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_LOCAL_RANK"),
-    (
-        "mpirun",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-    ),
-    ("srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID"),
-    ("mpiexec", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"),
-)
-
-
-class LaunchError(RuntimeError):
-    """The launcher's environment contradicts itself or the Horovod it starts."""
-
-
-def _started_by(row, env) -> bool:
-    # its size says a launcher started this process (horovodrun's rank too); SLURM_PROCID does
-    # not: a batch script has it
-    return row[1] in env or (row[0] == "horovodrun" and row[2] in env)
-
-
-def _launch_row(env) -> tuple:
-    """The row of :data:`_LAUNCHERS` of the launcher that started this process; horovodrun's
-    otherwise, so that its per-host variables alone still say this process's share of a
-    host."""
-    return next((row for row in _LAUNCHERS if _started_by(row, env)), _LAUNCHERS[0])
-
-
-def launcher(env=None) -> str | None:
-    """Which launcher started this process ("horovodrun", "mpirun", "srun", "mpiexec"), or
-    None for a plain process."""
-    env = os.environ if env is None else env
-    row = _launch_row(env)
-    return row[0] if _started_by(row, env) else None
-
-
-def _tasks_on_this_node(env) -> int:
-    """This node's share of SLURM_STEP_TASKS_PER_NODE ("2(x3),1": 2 on nodes 0-2, 1 on 3)."""
-    counts = []
-    for part in env["SLURM_STEP_TASKS_PER_NODE"].split(","):
-        count, _, repeat = part.partition("(x")
-        counts += [int(count)] * int(repeat.rstrip(")") or 1)
-    node = int(env.get("SLURM_NODEID", 0))
-    if node >= len(counts):
-        raise LaunchError(
-            f"SLURM_NODEID={node} but SLURM_STEP_TASKS_PER_NODE="
-            f"{env['SLURM_STEP_TASKS_PER_NODE']!r} names {len(counts)} nodes"
-        )
-    return counts[node]
-
-
-def launch_env(env=None) -> tuple[int, int, int]:
-    """(size, rank, local size) from the launcher's environment, without initializing Horovod.
-
-    For command-line checks that must run before TensorFlow or Horovod load.
-    """
-    env = os.environ if env is None else env
-    name, size, rank, local_size, _ = _launch_row(env)
-    try:
-        local = _tasks_on_this_node(env) if local_size in env and name == "srun" else None
-        local = local or int(env.get(local_size, 1))
-        return int(env.get(size, 1)), int(env.get(rank, 0)), local
-    except ValueError as err:
-        raise LaunchError(f"{name}'s environment does not parse: {err}") from None
-
-
-def launch_local_rank(env=None) -> int:
-    """This process's index among the ranks of its host, from the launcher's environment."""
-    env = os.environ if env is None else env
-    return int(env.get(_launch_row(env)[4], 0))
-
-
-def check_launch(horovod, env=None) -> str:
-    """After Horovod started: the launcher's world must be Horovod's (a task that srun started
-    without MPI, or with a Horovod built without MPI, sees a world of 1 and would train alone).
-    Returns the one line that says how this process was launched."""
-    env = os.environ if env is None else env
-    name = launcher(env)
-    size, rank, _ = launch_env(env)
-    transport = "MPI" if horovod.mpi_enabled() else "Gloo"
-    if env.get("HOROVOD_ELASTIC") == "1":  # ranks come and go: Horovod's world is the truth
-        return f"merlin_models_de: {horovod.size()} ranks started by {name} (elastic), Gloo"
-    if (horovod.size(), horovod.rank()) != (size, rank):
-        if not horovod.mpi_built():
-            fix = "this Horovod has no MPI: build it with HOROVOD_WITH_MPI=1 (README, Installing)"
-        elif not horovod.mpi_enabled():
-            fix = f"HOROVOD_CONTROLLER={env.get('HOROVOD_CONTROLLER')!r} chose Gloo: unset it"
-        else:
-            fix = "MPI did not see the other tasks: under SLURM start them with `srun --mpi=pmix`"
-        raise LaunchError(
-            f"{name} started rank {rank} of {size}, but Horovod ({transport}) sees rank "
-            f"{horovod.rank()} of {horovod.size()}: {fix}"
-        )
-    return f"merlin_models_de: {size} ranks started by {name}, Horovod over {transport}"
-
 
 _SINGLE = []  # non-empty while single_process() is active
 _HOROVOD_THREADS: list[int] = []  # OS ids of the threads Horovod's init started here

@@ -63,7 +63,7 @@ def check_plain_run_output(run):
     assert not [
         l for l in run.stderr.splitlines() if " I tensorflow/" in l or " W tensorflow/" in l
     ], run.stderr[-3000:]
-    assert "DistributedEmbeddings runs in one process (not started by horovodrun)" in run.stderr
+    assert "DistributedEmbeddings runs in one process (not started by a launcher)" in run.stderr
 
 
 @pytest.mark.parametrize(

@@ -67,18 +67,34 @@ def test_the_dlrm_command_runs_under_mpirun(tmp_path):
     assert '"world_size": 2' in report.read_text()
 
 
-def test_a_world_horovod_does_not_see_fails_on_every_rank():
-    # mpirun starts 2 ranks, but Horovod is told to use Gloo, which has no rendezvous here:
-    # each rank alone would train on its half of the data as a world of 1
+@pytest.mark.parametrize(
+    "variables, fix",
+    [
+        # mpirun starts 2 ranks, but Horovod is told to use Gloo, which has no rendezvous here:
+        # each rank alone would train on its half of the data as a world of 1
+        (
+            ["HOROVOD_CONTROLLER=gloo", "HOROVOD_CPU_OPERATIONS=gloo"],
+            "mpirun started rank {rank} of 2, but Horovod (Gloo) sees rank 0 of 1:"
+            " HOROVOD_CONTROLLER='gloo' chose Gloo: unset it",
+        ),
+        # horovodrun's variables left in the job's environment (a job script exports them)
+        # beside the launcher's that really started the ranks
+        (
+            ["HOROVOD_RANK=0", "HOROVOD_SIZE=1"],
+            "horovodrun started rank 0 of 1, but Horovod (MPI) sees rank {rank} of 2:"
+            " HOROVOD_RANK='0' and HOROVOD_SIZE='1' (horovodrun's) are set beside mpirun's,"
+            " whose world Horovod sees: unset the stale horovodrun variables",
+        ),
+    ],
+    ids=["gloo-asked", "stale-horovodrun-variables"],
+)
+def test_a_world_horovod_does_not_see_fails_on_every_rank(variables, fix):
     run = mpirun(
         2,
-        ["-x", "HOROVOD_CONTROLLER=gloo", "-x", "HOROVOD_CPU_OPERATIONS=gloo"]
+        [arg for v in variables for arg in ("-x", v)]
         + [sys.executable, "-c", "from merlin_models_de import comm; comm.size()"],
         timeout=120,
     )
     assert run.returncode != 0
     for rank in (0, 1):
-        assert (
-            f"LaunchError: mpirun started rank {rank} of 2, but Horovod (Gloo) sees rank 0 of 1:"
-            " HOROVOD_CONTROLLER='gloo' chose Gloo: unset it"
-        ) in run.stderr, run.stderr[-3000:]
+        assert f"LaunchError: {fix.format(rank=rank)}" in run.stderr, run.stderr[-3000:]

@@ -17,9 +17,9 @@ def test_one_process_says_so_once(monkeypatch, capsys):
     DistributedEmbeddings(schema, dim=4)
     err = capsys.readouterr().err.splitlines()
     assert [l for l in err if l.startswith("merlin_models_de:")] == [
-        "merlin_models_de: DistributedEmbeddings runs in one process (not started by "
-        "horovodrun): every table is whole here, as with mm.Embeddings; launch with "
-        "`horovodrun -np N` to split them."
+        "merlin_models_de: DistributedEmbeddings runs in one process (not started by a "
+        "launcher): every table is whole here, as with mm.Embeddings; start N ranks "
+        "(`horovodrun -np N`, `mpirun -np N`, `srun -n N`) to split them."
     ]
 
 
@@ -31,3 +31,7 @@ def test_one_rank_under_horovodrun_is_named_and_export_copies_stay_silent(monkey
     monkeypatch.setenv("HOROVOD_RANK", "0")
     assert "runs under horovodrun with one rank" in notices.one_rank_notice(1)
     assert notices.one_rank_notice(1) is None  # once per process
+    monkeypatch.setattr(notices, "_SHOWN", set())
+    monkeypatch.delenv("HOROVOD_RANK")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # `srun -n 1`
+    assert "runs under srun with one rank" in notices.one_rank_notice(1)

@@ -19,10 +19,12 @@ ROOT = pathlib.Path(merlin_models_de.__file__).parent
 PACKAGE = "merlin_models_de"
 HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat", f"{PACKAGE}.compat.horovod"}
 # The layers, lowest first (docs/design.md): a module imports only from its own layer or
-# below. The root leaves share layer 0 and import nothing of ours; the package's __init__
+# below. The root leaves share layer 0 and import nothing of ours (comm reads the launch
+# from `launchers`, one of them); the package's __init__
 # (the public API) sits above everything.
 LAYERS = [
-    {"tables", "schemas", "variables", "comm", "rounding", "scatter"},
+    {"tables", "schemas", "variables", "launchers", "rounding", "scatter"},
+    {"comm"},
     {"compat"},
     {"runtime"},
     {"planner"},
@@ -36,7 +38,16 @@ LAYERS = [
     {"apps"},
 ]
 # what may stay at the root: the small leaves of layer 0 and the public API
-ROOT_MODULES = {"__init__", "tables", "schemas", "variables", "comm", "rounding", "scatter"}
+ROOT_MODULES = {
+    "__init__",
+    "tables",
+    "schemas",
+    "variables",
+    "launchers",
+    "comm",
+    "rounding",
+    "scatter",
+}
 # apps/: one folder per command (dlrm, next_item, bench, tools) and what they share
 SHARED_APPS = "common"
 

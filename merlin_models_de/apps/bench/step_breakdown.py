@@ -357,7 +357,7 @@ def markdown(title: str, b: dict) -> str:
 
 def main(argv=None) -> int:
     """Entry point; writes the report (``--report``) from rank 0."""
-    from merlin_models_de import comm
+    from merlin_models_de import comm, launchers
     from merlin_models_de.apps.common.dlrm_options import check_host, check_options
     from merlin_models_de.apps.common.options import checked_arguments
 
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
     for flag in ("iterations", "warmup"):
         least = 1 if flag == "iterations" else 0
         if getattr(args, flag) < least:  # the same on every rank: all exit together
-            if comm.launch_env()[1] == 0:
+            if launchers.launch_env()[1] == 0:
                 print(
                     f"error: --{flag} must be >= {least}. Received: --{flag}="
                     f"{getattr(args, flag)}",

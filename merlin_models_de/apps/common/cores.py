@@ -11,7 +11,7 @@ import os
 
 import tensorflow as tf
 
-from merlin_models_de import comm
+from merlin_models_de import comm, launchers
 
 # no wake-up preemption (see demote_horovod_threads); None where the OS has no such policy
 _HOROVOD_POLICY = getattr(os, "SCHED_BATCH", None)
@@ -43,7 +43,9 @@ def bind_to_core_share() -> list[int] | None:
     Ranks that share a host's cores otherwise migrate between them: each wait in an exchange
     hands a core to another rank's thread, and the step resumes with cold caches. Measured on
     2 ranks of a 2-core host: +16% samples/s (docs/benchmarks.md)."""
-    share = core_share(os.sched_getaffinity(0), comm.launch_local_rank(), comm.launch_env()[2])
+    share = core_share(
+        os.sched_getaffinity(0), launchers.launch_local_rank(), launchers.launch_env()[2]
+    )
     if share is None:
         return None
     for tid in os.listdir("/proc/self/task"):  # threads already running (imports start some)
@@ -91,7 +93,7 @@ def configure_threads(cpu_threads: int | None, bind: bool = True) -> int:
     decided here) and with ``bind``, each rank is also bound to its own cores
     (:func:`bind_to_core_share`) and Horovod's threads there yield to its compute
     (:func:`demote_horovod_threads`); elastic runs do not bind: their ranks per host change."""
-    threads = cpu_threads or max(1, len(os.sched_getaffinity(0)) // comm.launch_env()[2])
+    threads = cpu_threads or max(1, len(os.sched_getaffinity(0)) // launchers.launch_env()[2])
     bound = cpu_threads is None and bind and bind_to_core_share() is not None
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)

@@ -25,7 +25,7 @@ import time
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.huge_pages import relaunch_on_huge_pages
 from merlin_models_de.backends.memory import available_bytes
-from merlin_models_de.comm import launch_env
+from merlin_models_de.launchers import launch_env
 from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
 
 EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines

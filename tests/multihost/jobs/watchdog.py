@@ -24,7 +24,7 @@ def progress():
 
 def start(limit=None):
     limit = float(limit or os.environ.get("MMDE_WATCHDOG", "300"))
-    from merlin_models_de.comm import launch_env  # no TensorFlow, no Horovod: safe this early
+    from merlin_models_de.launchers import launch_env  # no TensorFlow, no Horovod: safe this early
 
     rank = launch_env()[1]
 

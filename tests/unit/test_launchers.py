@@ -4,7 +4,7 @@ Horovod load. tests/commands/test_launchers.py starts real jobs with them."""
 
 import pytest
 
-from merlin_models_de import comm
+from merlin_models_de import launchers as comm
 
 HOROVODRUN = {"HOROVOD_SIZE": "4", "HOROVOD_RANK": "3", "HOROVOD_LOCAL_SIZE": "2",
               "HOROVOD_LOCAL_RANK": "1"}  # fmt: skip
@@ -62,3 +62,59 @@ def test_a_launch_environment_that_contradicts_itself_is_named(env, message):
     with pytest.raises(comm.LaunchError) as err:
         comm.launch_env(env)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "hostlist, names",
+    [
+        ("h1", ["h1"]),
+        ("h[1-3,5],gpu07", ["h1", "h2", "h3", "h5", "gpu07"]),
+        ("node[008-010]", ["node008", "node009", "node010"]),
+    ],
+)
+def test_slurm_host_lists_are_written_out(hostlist, names):
+    assert comm.hostnames(hostlist) == names
+
+
+@pytest.mark.parametrize(
+    "env, where",
+    [
+        (
+            dict(SRUN, SLURM_STEP_NODELIST="n[1-3]"),
+            "ranks 0-1 on n1, ranks 2-3 on n2, rank 4 on n3",
+        ),
+        (dict(SRUN, SLURM_STEP_NODELIST="n[1-3]", SLURM_DISTRIBUTION="cyclic"), "on n[1-3]"),
+        (
+            dict(SRUN, SLURM_STEP_NODELIST="n[1-10]", SLURM_STEP_TASKS_PER_NODE="1(x10)"),
+            ", ".join(f"rank {k - 1} on n{k}" for k in range(1, 9)) + " and 2 nodes more",
+        ),
+        (MPIRUN, ""),
+    ],
+)
+def test_the_start_line_says_which_node_holds_which_rank(env, where):
+    # SLURM names a lost node ("Node failure on h2"): this names its ranks
+    assert comm.placement(env) == where
+
+
+class _Horovod:
+    """What check_launch asks of the Horovod that runs: its world and transport."""
+
+    def __init__(self, size, rank, local_size, mpi=True):
+        self.size, self.rank = (lambda: size), (lambda: rank)
+        self.local_size = lambda: local_size
+        self.mpi_enabled = self.mpi_built = lambda: mpi
+
+
+def test_a_host_whose_ranks_horovod_counts_otherwise_is_refused():
+    env = dict(SRUN, SLURM_NODEID="1", SLURM_PROCID="3", SLURM_STEP_NODELIST="n[1-3]")
+    assert comm.check_launch(_Horovod(5, 3, 2), env) == (
+        "merlin_models_de: 5 ranks started by srun (ranks 0-1 on n1, ranks 2-3 on n2, rank 4 "
+        "on n3), Horovod over MPI"
+    )
+    with pytest.raises(comm.LaunchError) as err:
+        comm.check_launch(_Horovod(5, 3, 1), env)
+    assert str(err.value) == (
+        "srun put 2 ranks on this host (SLURM_STEP_TASKS_PER_NODE='2(x2),1'), but Horovod (MPI)"
+        " counts 1 on it: each rank's share of the host's memory and cores would be wrong; give"
+        " every task of a node the same host name"
+    )
