@@ -45,6 +45,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 NULL_ID = 1  # NVTabular 23.08's Categorify: 0 padding, 1 null, 2.. out of vocabulary
 FIRST_BUCKET = 2
+# the property both operators add to the columns they write, which the training commands
+# read in the schema (apps/common/row_hashing.py): these ids hash the value only
+VALUE_ONLY = "hashes_value_only"
 
 
 def _value_bytes(value) -> bytes:
@@ -125,7 +128,7 @@ class ValueHashBucket(Operator):
         schema = super().compute_output_schema(input_schema, col_selector, prev_output_schema)
         for name in schema.column_names:
             domain = {"min": 0, "max": self.buckets_of(name) + 1, "name": name}
-            schema[name] = schema[name].with_properties({"domain": domain})
+            schema[name] = schema[name].with_properties({"domain": domain, VALUE_ONLY: True})
         return schema
 
     @property
@@ -143,6 +146,10 @@ class ValueCategorify(Categorify):
     scalar column is null in every row is encoded as the null id instead of failing."""
 
     hashes_value_only = True  # as ValueHashBucket's
+
+    def compute_output_schema(self, input_schema, col_selector, prev_output_schema=None):
+        schema = super().compute_output_schema(input_schema, col_selector, prev_output_schema)
+        return _marked(schema)
 
     def transform(self, col_selector: ColumnSelector, df):
         if col_selector.subgroups or not len(df):  # multi-column groups: NVTabular's as is
@@ -162,6 +169,14 @@ class ValueCategorify(Categorify):
         if isinstance(self.num_buckets, dict):
             return self.num_buckets.get(name)
         return self.num_buckets
+
+
+def _marked(schema):
+    """``schema`` with :data:`VALUE_ONLY` on every column: the mark the training commands
+    look for (NVTabular's hashing writes the same other properties)."""
+    for name in schema.column_names:
+        schema[name] = schema[name].with_properties({VALUE_ONLY: True})
+    return schema
 
 
 def _rehash(raw, encoded, buckets: int):

@@ -23,6 +23,7 @@ from merlin_models_de.apps.common.options import (
     world,
 )
 from merlin_models_de.apps.common.program import program_name
+from merlin_models_de.apps.common.row_hashing import add_hashing_option
 from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
@@ -65,6 +66,7 @@ def parser(prog: str | None = None, description: str | None = None) -> argparse.
     data.add_argument("--seed", type=int, default=0, help="seed of the data and initial weights")
     data.add_argument("--train-dir", default=None, help="parquet files + Merlin schema")
     data.add_argument("--valid-dir", default=None)
+    add_hashing_option(data)
     data.add_argument(
         "--input",
         default="tf.data",

@@ -24,7 +24,8 @@ import sys
 import time
 
 from merlin_models_de.apps.common.dlrm_options import check_host, check_options, parser
-from merlin_models_de.apps.common.options import checked_arguments
+from merlin_models_de.apps.common.options import checked_arguments, report_problem
+from merlin_models_de.apps.common.row_hashing import row_hashing_problem
 
 STARTED = time.perf_counter()
 
@@ -34,6 +35,10 @@ def main(argv=None) -> int:
     args = checked_arguments(parser(description=__doc__), argv, check_options, check_host)
     if args is None:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
+    problem = row_hashing_problem(args)
+    if problem:  # every rank reads the same schema files: every rank stops here
+        report_problem(problem, host_dependent=True)
+        return 2
     if args.elastic:
         from merlin_models_de.apps.dlrm.elastic import run
     else:

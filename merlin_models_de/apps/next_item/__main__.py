@@ -61,6 +61,7 @@ from merlin_models_de.apps.common.options import (
     world,
 )
 from merlin_models_de.apps.common.program import program_name
+from merlin_models_de.apps.common.row_hashing import add_hashing_option, row_hashing_problem
 from merlin_models_de.apps.next_item.data import ITEM, row_slice_threshold
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, validate_options
@@ -115,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--valid-dir", default=None, help="held-out parquet sessions evaluated after each epoch"
     )
+    add_hashing_option(data)
     model = ap.add_argument_group("model and training")
     model.add_argument("--dim", type=int, default=64, help="item embedding width")
     model.add_argument("--encoder", default="gru", choices=ENCODERS)
@@ -318,6 +320,7 @@ def main(argv=None) -> int:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
     problem = (
         resolve_dataset(args)
+        or row_hashing_problem(args, [args.item_column])
         or parquet_files_problem("--train-dir", args.train_dir)
         or parquet_files_problem("--valid-dir", args.valid_dir)
         or catalog_problem(args)
