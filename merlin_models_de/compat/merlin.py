@@ -29,7 +29,8 @@ def install_merlin_hooks(hooks) -> None:
     ``predict``: the call's ``x`` / ``validation_data`` by name),
     ``fit_input(model, x)`` (the training data ``fit`` reads, for models whose class keeps
     Merlin's ``train_step``) and ``step_inputs(model, data)`` (a context around each traced
-    ``train_step`` that yields the data the step sees).
+    ``train_step`` that yields the data the step sees); ``naming_silent_ranks()`` (a context
+    around ``fit`` / ``evaluate`` / ``predict``: a failure caused by a silent rank names it).
     """
     ensure_supported()
     from merlin.models.tf.models import base as merlin_base
@@ -83,8 +84,9 @@ def install_merlin_hooks(hooks) -> None:
         callbacks = add_callbacks(self, callbacks)
         return hooks.fit_callbacks(self, callbacks) if hooks.active(self) else callbacks
 
-    model_cls.compile, model_cls.evaluate = compile, evaluate
-    model_cls.fit, model_cls.predict = fit, predict
+    named = hooks.naming_silent_ranks()  # a failure from a rank gone silent names it
+    model_cls.compile, model_cls.evaluate = compile, named(evaluate)
+    model_cls.fit, model_cls.predict = named(fit), named(predict)
     model_cls.train_step = train_step
     model_cls._add_horovod_callbacks = _add_horovod_callbacks
     for cls in [

@@ -62,6 +62,7 @@ from merlin_models_de.merlin.optimizers import (
     slot_copies,
 )
 from merlin_models_de.persistence.export import save_single_process
+from merlin_models_de.runtime.peers import naming_silent_ranks
 from merlin_models_de.scatter import adagrad_rows, on_gpu, scatter_in_pieces
 from merlin_models_de.variables import (
     embedding_blocks,
@@ -136,6 +137,8 @@ class MerlinHooks:
         return original(model, optimizer, *args, **kwargs)
 
     rank_loader = staticmethod(rank_loader)  # a Merlin Dataset given to fit / evaluate / predict
+    # fit / evaluate / predict: a collective that failed because a rank went silent names it
+    naming_silent_ranks = staticmethod(naming_silent_ranks)
 
     @staticmethod
     def prepare(model, method, arguments):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from merlin_models_de import comm
+from merlin_models_de.runtime import peers
 
 # ---- in the graph ------------------------------------------------------------------------------
 
@@ -85,16 +86,18 @@ def on_every_rank(name: str, work, share=None, error_type=RuntimeError, wrap_own
     mine = (
         None if error is None else f"{type(error).__name__}: {error}",
         share(result) if share is not None and error is None else None,
+        peers.identity(),  # so that a rank gone silent later can be named (peers.py)
     )
     outcomes = comm.allgather_object(mine, name="mmde_" + re.sub(r"\W+", "_", name))
+    peers.remember([where for _, _, where in outcomes])
     if error is not None and not wrap_own:
         raise error
-    for rank, (message, _) in enumerate(outcomes):
+    for rank, (message, _, _) in enumerate(outcomes):
         if message is not None:
             raise error_type(
                 f"{name[:1].upper()}{name[1:]} failed on rank {rank}: " f"{message}"
             ) from error
-    return result, [shared for _, shared in outcomes]
+    return result, [shared for _, shared, _ in outcomes]
 
 
 def on_rank_zero(name: str, work, error_type=RuntimeError, wrap_own=True):
