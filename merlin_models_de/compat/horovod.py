@@ -4,7 +4,45 @@ elastic retry loop (its reset and run function), and the address its services bi
 from __future__ import annotations
 
 from merlin_models_de import comm
+from merlin_models_de.compat.registry import IN_LAUNCHER, INSTANCE, declare, replace
 from merlin_models_de.compat.versions import ensure_supported
+
+_OPTIMIZER = "horovod.tensorflow.keras.DistributedOptimizer"
+_ALLREDUCE_GRADS = declare(
+    f"{_OPTIMIZER}._allreduce_grads",
+    change="averages the gradients with one grouped allreduce per dtype, named the same on "
+    "every rank, in plain graph code.",
+    why="Horovod's own puts each gradient's allreduce behind a tf.cond in a nested "
+    "tf.function (about 1 s of the first step's tracing, a call per gradient per step).",
+    library="horovod",
+    scope=INSTANCE,
+)
+_ALLREDUCE = declare(
+    f"{_OPTIMIZER}._allreduce",
+    change="registers the sharded tables' variables as local (never allreduced, divided by "
+    "the world size here) and completes the embedding exchanges waiting for the optimizer "
+    "before the allreduce.",
+    why="an allreduce of a shard would mix different rows of different ranks; Horovod "
+    "0.28.1's own scaling of local gradients fails under elastic (float by int32).",
+    library="horovod",
+    scope=INSTANCE,
+)
+_FIND_PORT_USERS = (
+    "horovod.runner.util.network",
+    "horovod.runner.http.http_server",
+    "horovod.runner.common.util.network",
+)
+_FIND_PORTS = {
+    module: declare(
+        f"{module}.find_port",
+        change="binds the given interface's address only (the same random port search).",
+        why="Horovod 0.28.1 binds its rendezvous, elastic driver and notification servers "
+        "to every interface whatever --network-interface says.",
+        library="horovod",
+        when=IN_LAUNCHER,
+    )
+    for module in _FIND_PORT_USERS
+}
 
 
 def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
@@ -28,7 +66,7 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
     wrapped = hvd_keras.DistributedOptimizer(
         optimizer, sparse_as_dense=True, scale_local_gradients=False
     )
-    allreduce = wrapped._allreduce
+    allreduce = wrapped._allreduce  # Horovod's, called by the replacement below
     # Horovod's own reduce function puts each gradient's allreduce behind a tf.cond, in a
     # nested tf.function that autograph rewrites: ~1 s of the first step's tracing, and a
     # function call per gradient every step. comm's grouped average is plain graph code.
@@ -53,8 +91,8 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
             for g, r, done, mine in zip(grads, rest, averaged, local)
         ]
 
-    wrapped._allreduce_grads = generic_names
-    wrapped._allreduce = register_then_allreduce
+    replace(_ALLREDUCE_GRADS, wrapped, lambda original: generic_names)
+    replace(_ALLREDUCE, wrapped, lambda original: register_then_allreduce)
     return wrapped
 
 
@@ -116,13 +154,6 @@ def unwrapped(optimizer):
     return base.from_config(optimizer.get_config())
 
 
-_FIND_PORT_USERS = (
-    "horovod.runner.util.network",
-    "horovod.runner.http.http_server",
-    "horovod.runner.common.util.network",
-)
-
-
 def bind_services_to(address: str) -> None:
     """Makes Horovod's own servers in this process listen on ``address`` only.
 
@@ -145,8 +176,8 @@ def bind_services_to(address: str) -> None:
                 continue
         raise RuntimeError(f"no free port to bind on {address}")
 
-    for name in _FIND_PORT_USERS:
-        importlib.import_module(name).find_port = find_port
+    for name, patch in _FIND_PORTS.items():
+        replace(patch, importlib.import_module(name), lambda original: find_port, again=True)
 
 
 def interface_address(interface: str) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
+from merlin_models_de.compat.registry import INSTANCE, declare, replace
+
 
 def creates_slots_per_variable(optimizer) -> bool:
     """True for Keras' legacy optimizers (Horovod's wrappers of them included): they create a
@@ -182,15 +184,28 @@ def retrack(owner, old, new) -> None:
             owner._track_trackable(new, name=ref.name, overwrite=True)
 
 
+_COMPUTE_GRADIENTS = declare(
+    "merlin.models.tf.blocks.optimizer.MultiOptimizer._compute_gradients",
+    change="passes the (gradient, variable) pairs minimize() computes through the package's "
+    "average over ranks before they are applied.",
+    why="Merlin's MultiOptimizer is no Horovod optimizer; on several ranks its gradients of "
+    "global variables must be averaged like those of hvd.DistributedOptimizer.",
+    library="keras",
+    scope=INSTANCE,
+)
+
+
 def wrap_compute_gradients(optimizer, after) -> None:
     """``optimizer.minimize`` passes the ``(gradient, variable)`` pairs it computes through
     ``after`` before applying them (Keras' legacy ``_compute_gradients``, on this instance)."""
-    compute = optimizer._compute_gradients
 
-    def computed(loss, var_list, grad_loss=None, tape=None):
-        return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
+    def wrap(compute):
+        def computed(loss, var_list, grad_loss=None, tape=None):
+            return after(compute(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
 
-    optimizer._compute_gradients = computed
+        return computed
+
+    replace(_COMPUTE_GRADIENTS, optimizer, wrap)
 
 
 def forget_validation_data(model) -> None:
@@ -221,15 +236,48 @@ class _WithDtype:
         return getattr(self.__dict__["_var"], name)
 
 
-def _replace_once(owner, name: str, wrap) -> None:
-    """Replaces ``owner.<name>`` by ``wrap(original)``, marked as ours: a second install finds
-    the mark and leaves it (idempotent)."""
-    original = getattr(owner, name)
-    if getattr(original, "_mmde", False):
-        return
-    replacement = functools.wraps(original)(wrap(original))
-    replacement._mmde = True  # noqa: SLF001 (our own mark on the wrapper)
-    setattr(owner, name, replacement)
+_WHY_TABLES_16 = (
+    "a 16-bit table shard trained by an optimizer other than RowWiseAdagrad would lose its "
+    "small updates; refused before anything changes."
+)
+_NEW_APPLY = declare(
+    "keras.optimizers.optimizer.Optimizer.apply_gradients",
+    change="calls the package's check of the variables about to be updated, then Keras' own "
+    "(which raises only for the package's 16-bit table shards).",
+    why="custom loops call apply_gradients themselves: " + _WHY_TABLES_16,
+    library="keras",
+)
+_LEGACY_APPLY = declare(
+    "keras.optimizers.legacy.optimizer_v2.OptimizerV2.apply_gradients",
+    change=_NEW_APPLY.change,
+    why=_NEW_APPLY.why,
+    library="keras",
+)
+_SGD_SPARSE = declare(
+    "keras.optimizers.legacy.gradient_descent.SGD._resource_apply_sparse_duplicate_indices",
+    change="adds a sparse gradient of the package's table shards in pieces, each Keras' own "
+    "scatter-add (the same result); every other variable, and SGD with momentum, as Keras.",
+    why="TF's CPU scatter-add loops over one table row by row on one thread: pieces run in "
+    "parallel (docs/design.md, measured decisions).",
+    library="keras",
+)
+_ADAGRAD_SPARSE = declare(
+    "keras.optimizers.legacy.adagrad.Adagrad._resource_apply_sparse",
+    change="updates the rows of the package's table shards outside a GPU by gathering and "
+    "writing them back (the same floats as Keras' fused kernel); every other variable as "
+    "Keras.",
+    why="Keras' fused kernel walks a large table's rows on one thread on CPU.",
+    library="keras",
+)
+_COMPILE = declare(
+    "keras.engine.training.Model.compile",
+    change="for a plain Keras model, checks the optimizer of the package's 16-bit tables "
+    "first; for every model (Merlin's calling up included), loss and metrics pass through "
+    "the package, which changes them only for an output of the package (a vocab-parallel "
+    "output gets Merlin's loss and top-k metrics).",
+    why="plain Keras models holding the block: " + _WHY_TABLES_16,
+    library="keras",
+)
 
 
 def install_apply_check(check) -> None:
@@ -240,6 +288,7 @@ def install_apply_check(check) -> None:
     import tensorflow as tf
 
     def wrap(original):
+        @functools.wraps(original)
         def apply_gradients(self, grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)  # often a zip: read once here, once by Keras
             check(self, [v for _, v in grads_and_vars])
@@ -247,8 +296,8 @@ def install_apply_check(check) -> None:
 
         return apply_gradients
 
-    for base in (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer):
-        _replace_once(base, "apply_gradients", wrap)
+    replace(_NEW_APPLY, tf.keras.optimizers.Optimizer, wrap)
+    replace(_LEGACY_APPLY, tf.keras.optimizers.legacy.Optimizer, wrap)
 
 
 def install_sgd_pieces(in_pieces, is_table) -> None:
@@ -260,6 +309,7 @@ def install_sgd_pieces(in_pieces, is_table) -> None:
     import tensorflow as tf
 
     def wrap(original):
+        @functools.wraps(original)
         def apply(self, grad, var, indices, **kwargs):
             if self._momentum or not is_table(var):
                 return original(self, grad, var, indices, **kwargs)
@@ -272,7 +322,7 @@ def install_sgd_pieces(in_pieces, is_table) -> None:
 
         return apply
 
-    _replace_once(tf.keras.optimizers.legacy.SGD, "_resource_apply_sparse_duplicate_indices", wrap)
+    replace(_SGD_SPARSE, tf.keras.optimizers.legacy.SGD, wrap)
 
 
 def install_adagrad_rows(update, is_table) -> None:
@@ -284,6 +334,7 @@ def install_adagrad_rows(update, is_table) -> None:
     import tensorflow as tf
 
     def wrap(original):
+        @functools.wraps(original)
         def apply(self, grad, var, indices, apply_state=None):
             if not is_table(var):
                 return original(self, grad, var, indices, apply_state=apply_state)
@@ -296,7 +347,7 @@ def install_adagrad_rows(update, is_table) -> None:
 
         return apply
 
-    _replace_once(tf.keras.optimizers.legacy.Adagrad, "_resource_apply_sparse", wrap)
+    replace(_ADAGRAD_SPARSE, tf.keras.optimizers.legacy.Adagrad, wrap)
 
 
 def install_compile_check(check, arguments=None) -> None:
@@ -314,6 +365,7 @@ def install_compile_check(check, arguments=None) -> None:
     def wrap(original):
         signature = inspect.signature(original)
 
+        @functools.wraps(original)
         def compile(self, optimizer="rmsprop", *args, **kwargs):  # noqa: A001 (Keras' name)
             if type(self).compile is compile:  # not a Merlin model calling up to Keras
                 check(self, optimizer)
@@ -326,4 +378,4 @@ def install_compile_check(check, arguments=None) -> None:
 
         return compile
 
-    _replace_once(tf.keras.Model, "compile", wrap)
+    replace(_COMPILE, tf.keras.Model, wrap)

@@ -3,12 +3,31 @@ and the deferred dependencies that let a block restore tables by name."""
 
 from __future__ import annotations
 
+from merlin_models_de.compat.registry import INSTANCE, declare, replace
+
 # A Keras checkpoint names a layer's variables by its dependencies. Named after this rank's
 # layout (``mp_C1_c4``...), a block saved at one world size would find nothing to match at
 # another. So the block has one dependency per table (persistence/keras_checkpoint.py), given
 # with the private Trackable hooks below.
 
 VALUE_KEY = "VARIABLE_VALUE"  # what TF calls a variable's one saved tensor
+
+_VARIABLE = "tensorflow.python.ops.resource_variable_ops.ResourceVariable"
+_SERIALIZE = declare(
+    f"{_VARIABLE}._serialize_to_tensors",
+    change="saves this rank's rectangle of a table as a slice of the table's full shape.",
+    why="a checkpoint written at one world size must restore at another: the block's "
+    "table stand-ins (empty variables of its own) save in the form of partitioned variables.",
+    library="tensorflow",
+    scope=INSTANCE,
+)
+_RESTORE = declare(
+    f"{_VARIABLE}._restore_from_tensors",
+    change="reads only this rank's rectangle of a saved table into its shard.",
+    why=_SERIALIZE.why,
+    library="tensorflow",
+    scope=INSTANCE,
+)
 
 
 def table_slice(storage, first_row, full_shape, start, size, dtype):
@@ -52,8 +71,8 @@ def table_slice(storage, first_row, full_shape, start, size, dtype):
         return tf.no_op() if storage is None else rows().assign(restored_tensors[VALUE_KEY])
 
     # TF looks these hooks up on the instance first (saveable_object_util)
-    stand_in._serialize_to_tensors = serialize
-    stand_in._restore_from_tensors = restore
+    replace(_SERIALIZE, stand_in, lambda original: serialize)
+    replace(_RESTORE, stand_in, lambda original: restore)
     return stand_in
 
 

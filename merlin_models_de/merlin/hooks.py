@@ -4,7 +4,7 @@ Merlin's ``BaseModel`` wraps the optimizer in ``hvd.DistributedOptimizer`` (lear
 times world size), adds ``hvd.callbacks.BroadcastGlobalVariablesCallback(0)`` to ``fit`` and
 saves only on rank 0. Left alone, each of these corrupts or loses sharded tables. For models
 that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks below
-(installed by :func:`merlin_models_de.compat.merlin.install_merlin_hooks`) adjust:
+(installed by :func:`merlin_models_de.compat.merlin_hooks.install_merlin_hooks`) adjust:
 
 - compile: the same optimizer and learning-rate scaling as Merlin, but sharded tables (and
   their slots) are registered as local: never allreduced, their gradients divided by the
@@ -46,7 +46,7 @@ from merlin_models_de.backends.horovod import ahead
 from merlin_models_de.backends.step import training_step
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.compat import merlin as merlin_compat
+from merlin_models_de.compat import merlin_hooks as merlin_compat
 
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.

@@ -39,19 +39,9 @@ KERAS_MODULES = (
 
 
 def _attach(module) -> None:
-    current = module.__dict__.get("__getattr__")
-    if getattr(current, "_mmde", False):
-        return
+    from merlin_models_de.compat.merlin_hooks import serve_lazily
 
-    def __getattr__(name):  # noqa: N807 (a module's __getattr__)
-        if name == NAME:
-            return getattr(importlib.import_module(_LAYER), NAME)
-        if current is not None:
-            return current(name)
-        raise AttributeError(f"module {TARGET!r} has no attribute {name!r}")
-
-    __getattr__._mmde = True  # noqa: SLF001 (our own mark on the hook)
-    module.__getattr__ = __getattr__
+    serve_lazily(module, NAME, lambda: getattr(importlib.import_module(_LAYER), NAME))
     if NAME in module.__dict__:  # an older registration set it eagerly; serve it lazily now
         del module.__dict__[NAME]
     _install_hooks()
