@@ -38,8 +38,7 @@ _SILENT_STATES = {
     "t": "is held by a debugger",
     "Z": "has exited",
     "X": "has exited",
-    "D": "is blocked in the kernel (I/O)",
-}
+}  # "D" (in the kernel, disk I/O) is not one: a healthy rank passes through it
 
 # what this process last learnt of every rank, in rank order (see remember())
 _world: list = []
