@@ -53,7 +53,7 @@ def row_hashing_problem(args, names=None) -> str | None:
     """The problem when ``--train-dir`` or ``--valid-dir`` holds a column of ``names``
     (default all) that NVTabular hashed with the row's index, as one line; or None. Reads
     the schemas (which loads TensorFlow: call after the checks of the options)."""
-    if getattr(args, "hashed_on_gpu", False):
+    if args.hashed_on_gpu:
         return None
     from merlin_models_de.schemas import load_schema
 
