@@ -53,7 +53,8 @@ run_stage "collect every test module" \
 # once): while a test waits on the command it started, the other worker's test uses the core.
 run_stage "single-process tests" \
   timeout --kill-after=30 2700 python -m pytest tests/unit tests/commands \
-    --ignore=tests/unit/test_docs.py -n 2 --dist loadfile \
+    --ignore=tests/unit/test_docs.py --ignore=tests/commands/test_launchers.py \
+    -n 2 --dist loadfile \
     -p no:cacheprovider --timeout=600 -q --durations=15 "$@"
 
 run_stage "horovodrun -np $NP tests" \
@@ -65,13 +66,23 @@ run_stage "horovodrun -np $NP tests" \
 # where namespaces cannot be made): the hosts themselves, training on 2 hosts against the
 # one-process oracle, checkpoints between 2 hosts and 1 process, a host killed or cut
 # mid-training, elastic recovery and a host taken back (Keras fit, a custom loop, the
-# commands), and a SLURM cluster on h1, h2 (scripts/slurm_hosts.sh): the oracle under srun, an
-# sbatch job of the DLRM command. CI tier: 4.5 minutes (one case of each); the full tier about 14.
+# commands). CI tier: 3.5 minutes (one case of each); the full tier about 14.
 # `down` also clears what a killed run left.
 run_stage "multi-host tests (namespace hosts over ssh)" \
   timeout --kill-after=30 900 python -m pytest tests/multihost \
+    --ignore=tests/multihost/test_slurm.py \
     -p no:cacheprovider --timeout=300 -q -rs --durations=15 "$@"
 bash scripts/netns_hosts.sh down >/dev/null 2>&1 || true
+
+# Clusters as schedulers run them (docs/multihost.md): MPI launchers on one host (the oracle
+# under mpirun, a world Horovod does not see) and a SLURM cluster on the namespace hosts
+# (scripts/slurm_hosts.sh): the oracle under srun, an sbatch job that loses a node and a job on
+# the node left that resumes. CI tier about 4 minutes; the full tier adds --requeue,
+# horovodrun inside an allocation and two job steps on one directory (about 10).
+run_stage "clusters: MPI launchers and SLURM" \
+  timeout --kill-after=30 900 python -m pytest tests/commands/test_launchers.py \
+    tests/multihost/test_slurm.py -p no:cacheprovider --timeout=600 -q -rs --durations=15 "$@"
+bash scripts/slurm_hosts.sh down >/dev/null 2>&1 || true
 
 # Merlin Models 23.8.0's own tests with mm.Embeddings swapped for mm.DistributedEmbeddings,
 # one process on 2 pytest workers and horovodrun -np 2 (CI tier 4.3-5.7 minutes; the full tier

@@ -121,23 +121,62 @@ def hostnames(hostlist: str) -> list[str]:
 
 def placement(env=None) -> str:
     """Where srun put the ranks, for the start line ("rank 0 on h1, rank 1 on h2"): the step's
-    nodes in order, with srun's default block distribution (consecutive ranks fill a node),
-    so that SLURM's "Node failure on h2" names the ranks that were lost. Empty where the
-    launcher does not say (another launcher, or another distribution)."""
+    nodes in order and its distribution, so that SLURM's "Node failure on h2" names the ranks
+    that were lost. Empty where the launcher does not say (another launcher)."""
     env = os.environ if env is None else env
     nodes = env.get("SLURM_STEP_NODELIST")
     if launcher(env) != "srun" or not nodes:
         return ""
-    if not env.get("SLURM_DISTRIBUTION", "block").startswith("block"):
-        return f"on {nodes}"
     names, counts = hostnames(nodes), _slurm_counts(env["SLURM_STEP_TASKS_PER_NODE"])
-    spans, first = [], 0
-    for name, count in zip(names, counts):
-        ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
-        spans.append(f"{ranks} on {name}")
-        first += count
+    by_node = _ranks_by_node(counts, env.get("SLURM_DISTRIBUTION", "block").split(":")[0])
+    if by_node is None:
+        return f"on {nodes}"
+    spans = []
+    for name, ranks in zip(names, by_node):
+        consecutive = ranks == list(range(ranks[0], ranks[0] + len(ranks)))
+        if len(ranks) == 1:
+            spans.append(f"rank {ranks[0]} on {name}")
+        elif consecutive:
+            spans.append(f"ranks {ranks[0]}-{ranks[-1]} on {name}")
+        else:
+            spans.append(f"ranks {','.join(map(str, ranks))} on {name}")
     more = len(spans) - _NAMED_NODES
     return ", ".join(spans[:_NAMED_NODES]) + (f" and {more} nodes more" if more > 0 else "")
+
+
+def _ranks_by_node(counts: list[int], distribution: str) -> list[list[int]] | None:
+    """The ranks srun gives each node: "block" fills a node before the next, "cyclic" deals
+    them round robin; None for another distribution (its layout is not in the environment),
+    unless every node holds one rank."""
+    if distribution not in ("block", "cyclic") and set(counts) != {1}:
+        return None
+    if distribution != "cyclic":
+        starts = [sum(counts[:k]) for k in range(len(counts))]
+        return [list(range(start, start + n)) for start, n in zip(starts, counts)]
+    by_node, left, rank = [[] for _ in counts], list(counts), 0
+    while any(left):
+        for node, n in enumerate(left):
+            if n:
+                by_node[node].append(rank)
+                left[node], rank = n - 1, rank + 1
+    return by_node
+
+
+def allocation_hosts(env=None) -> tuple[int, str] | None:
+    """Inside a SLURM allocation but not in a job step (a batch script, `salloc`'s shell):
+    horovodrun's ``-np`` and ``-H`` for the allocation ((2, "h1:1,h2:1")), from
+    SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE; None elsewhere."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_NODELIST" not in env or "SLURM_TASKS_PER_NODE" not in env or launcher(env):
+        return None
+    names = hostnames(env["SLURM_JOB_NODELIST"])
+    counts = _slurm_counts(env["SLURM_TASKS_PER_NODE"])
+    if len(names) != len(counts):
+        raise LaunchError(
+            f"SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names {len(names)} nodes but "
+            f"SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']!r} counts {len(counts)}"
+        )
+    return sum(counts), ",".join(f"{name}:{n}" for name, n in zip(names, counts))
 
 
 def _claims(env) -> dict[str, tuple[str, str]]:

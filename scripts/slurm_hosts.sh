@@ -6,6 +6,7 @@
 #   scripts/slurm_hosts.sh up [N]        make h1..hN (netns_hosts.sh up N) and start SLURM on them
 #   scripts/slurm_hosts.sh start [N]     start SLURM on hosts h1..hN that are already up
 #   scripts/slurm_hosts.sh stop          stop SLURM, keep the hosts
+#   scripts/slurm_hosts.sh revive hK     a node killed with `netns_hosts.sh kill hK` boots again
 #   scripts/slurm_hosts.sh run CMD...    run CMD in h1 with this cluster's SLURM_CONF (sbatch,
 #                                        srun, squeue, sinfo, scontrol)
 #   scripts/slurm_hosts.sh down          stop SLURM and remove the hosts
@@ -71,7 +72,7 @@ write_conf() {  # $1 = number of hosts
     echo "MpiDefault=none"
     echo "ReturnToService=2"
     echo "SlurmctldTimeout=30"
-    echo "SlurmdTimeout=30"
+    echo "SlurmdTimeout=10"   # a lost node ends its jobs within ~20 s
     echo "MessageTimeout=10"
     echo "KillWait=5"
     echo "MinJobAge=300"
@@ -105,16 +106,7 @@ start() {
     --key-file="$STATE/munge/munge.key" --pid-file="$STATE/munge/munged.pid" \
     --seed-file="$STATE/munge/munged.seed" --log-file="$STATE/munge/munged.log"
   SLURM_CONF="$CONF" bash "$NETNS" run h1 slurmctld -f "$CONF" -c
-  for k in $(seq 1 "$n"); do
-    mkdir -p "$STATE/spool/h$k" "$STATE/tmp/h$k"
-    # `ip netns exec` mounts a fresh /sys, without the cgroup file system slurmd's cgroup
-    # plugin looks for at start (proctrack/linuxproc and task/none use no cgroup): the
-    # machine's v1 hierarchy, seen again in the host's own mount namespace only
-    SLURM_CONF="$CONF" bash "$NETNS" run "h$k" sh -c \
-      'mount -t tmpfs cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd &&
-       mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec "$@"' slurmd \
-      slurmd -f "$CONF" -N "h$k"
-  done
+  for k in $(seq 1 "$n"); do slurmd_in "h$k"; done
   local tries=0
   until [[ "$(run sinfo -h -o '%T' -N 2>/dev/null | grep -c '^idle$')" -eq "$n" ]]; do
     tries=$((tries + 1))
@@ -122,6 +114,29 @@ start() {
     sleep 0.2
   done
   echo "slurm_hosts: up: h1..h$n in partition main, slurmctld on h1, SLURM_CONF=$CONF"
+}
+
+slurmd_in() {  # $1 = host
+  mkdir -p "$STATE/spool/$1" "$STATE/tmp/$1"
+  # `ip netns exec` mounts a fresh /sys, without the cgroup file system slurmd's cgroup
+  # plugin looks for at start (proctrack/linuxproc and task/none use no cgroup): the
+  # machine's v1 hierarchy, seen again in the host's own mount namespace only
+  SLURM_CONF="$CONF" bash "$NETNS" run "$1" sh -c \
+    'mount -t tmpfs cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd &&
+     mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec "$@"' slurmd \
+    slurmd -f "$CONF" -N "$1"
+}
+
+revive() {  # a killed node boots again: its sshd and slurmd (ReturnToService=2 takes it back)
+  [[ -f "$CONF" ]] || die "no cluster is up (run: $0 up)"
+  bash "$NETNS" revive "$1"
+  slurmd_in "$1"
+  local tries=0
+  until run sinfo -h -N -n "$1" -o '%T' 2>/dev/null | grep -qx idle; do
+    tries=$((tries + 1))
+    [[ $tries -lt 300 ]] || die "$1 did not come back (logs in $STATE)"
+    sleep 0.2
+  done
 }
 
 run() {
@@ -145,8 +160,9 @@ case "${1:-}" in
   up) up "${2:-2}" ;;
   start) start "${2:-2}" ;;
   stop) stop ;;
+  revive) revive "${2:?host}" ;;
   run) shift; [[ $# -ge 1 ]] || die "usage: $0 run CMD..."; run "$@" ;;
   down) down ;;
   cannot) why="$(cannot)"; [[ -n "$why" ]] && { echo "$why"; exit 1; } || exit 0 ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

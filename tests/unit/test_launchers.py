@@ -83,7 +83,20 @@ def test_slurm_host_lists_are_written_out(hostlist, names):
             dict(SRUN, SLURM_STEP_NODELIST="n[1-3]"),
             "ranks 0-1 on n1, ranks 2-3 on n2, rank 4 on n3",
         ),
-        (dict(SRUN, SLURM_STEP_NODELIST="n[1-3]", SLURM_DISTRIBUTION="cyclic"), "on n[1-3]"),
+        (
+            dict(SRUN, SLURM_STEP_NODELIST="n[1-3]", SLURM_DISTRIBUTION="cyclic"),
+            "ranks 0,3 on n1, ranks 1,4 on n2, rank 2 on n3",
+        ),
+        (dict(SRUN, SLURM_STEP_NODELIST="n[1-3]", SLURM_DISTRIBUTION="plane=2"), "on n[1-3]"),
+        (
+            dict(
+                SRUN,
+                SLURM_STEP_NODELIST="n[1-2]",
+                SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                SLURM_DISTRIBUTION="arbitrary",
+            ),
+            "rank 0 on n1, rank 1 on n2",
+        ),  # fmt: skip
         (
             dict(SRUN, SLURM_STEP_NODELIST="n[1-10]", SLURM_STEP_TASKS_PER_NODE="1(x10)"),
             ", ".join(f"rank {k - 1} on n{k}" for k in range(1, 9)) + " and 2 nodes more",
@@ -118,3 +131,12 @@ def test_a_host_whose_ranks_horovod_counts_otherwise_is_refused():
         " counts 1 on it: each rank's share of the host's memory and cores would be wrong; give"
         " every task of a node the same host name"
     )
+
+
+def test_a_batch_script_gives_horovodrun_the_allocation():
+    batch = dict(BATCH_SCRIPT, SLURM_JOB_NODELIST="n[1-3]", SLURM_TASKS_PER_NODE="2(x2),1")
+    assert comm.allocation_hosts(batch) == (5, "n1:2,n2:2,n3:1")
+    assert comm.allocation_hosts(dict(batch, **SRUN)) is None  # a job step: srun placed it
+    assert comm.allocation_hosts({}) is None
+    with pytest.raises(comm.LaunchError, match="names 3 nodes but SLURM_TASKS_PER_NODE='2' "):
+        comm.allocation_hosts(dict(batch, SLURM_TASKS_PER_NODE="2"))
