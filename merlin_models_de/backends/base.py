@@ -29,8 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.horovod.wire import exchange_dtype_name
 from merlin_models_de.backends.memory import check_fits, host_memory_bytes
+from merlin_models_de.backends.options import exchange_dtype_name
 from merlin_models_de.backends.validate import (
     batch_size,
     check_headers,
@@ -53,7 +53,7 @@ class EmbeddingBackend(abc.ABC):
         rank: This process's rank.
         validate_ids: Count ids outside their table as problems (see ``validate``).
         exchange_dtype: The float looked-up rows and their gradients cross ranks in (see
-            :mod:`.wire`); None: the block's dtype.
+            :mod:`.options`); None: the block's dtype.
         table_dtype: The float model-parallel shards are stored in (see
             :mod:`merlin_models_de.rounding`); None: the block's dtype. Replicated tables
             keep the block's dtype: their gradients are averaged with the dense ones.
@@ -248,6 +248,24 @@ class EmbeddingBackend(abc.ABC):
     def collective_name(self, stage: str) -> str:
         """Collective names: the same on every rank, unique per layer and stage."""
         return f"{self.prefix}_{stage}"
+
+    # ---- the training step's hooks (called through ``backends/step.py``) ---------------------
+
+    @classmethod
+    def input_pipeline(cls, model, dataset):
+        """``fit``'s input for this backend's blocks in ``model``: ``dataset`` as it is
+        (a backend that sends the next batch's ids ahead pairs each batch with them)."""
+        del model
+        return dataset
+
+    @classmethod
+    def complete_backward(cls, entries, grads, variables, local, name: str):
+        """``(grads, averaged)`` when the optimizer has the gradients of ``variables``
+        (``local[i]``: a local variable): ``entries`` are what this backend's exchanges added
+        to the step's :class:`~merlin_models_de.backends.step.Waiting`. A backend that defers
+        nothing: ``grads`` as given, none averaged."""
+        del entries, variables, local, name
+        return list(grads), [False] * len(grads)
 
     # ---- whole tables ------------------------------------------------------------------------
 

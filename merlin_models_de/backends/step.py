@@ -9,9 +9,12 @@ chain starts being ours:
 - the block's ``call`` takes the next batch's ids for its features
   (:meth:`TrainingStep.next_batch_for`) and the list its exchanges' backward waits in
   (``waiting``), and passes both to its backend as arguments;
-- the optimizer's gradient hook completes what waits (``backends/horovod/backward.py``).
+- the optimizer's gradient hook completes what waits (:func:`complete_waiting`), through the
+  backend whose exchanges left it (:class:`Waiting`: a backend adds itself with each entry).
 
-Everything further down receives these values as arguments. A step whose waiting backward was
+Everything further down receives these values as arguments. ``fit``'s input goes through the
+backends of the model's blocks the same way (:func:`input_pipeline`): nothing above
+``backends/`` names a backend. A step whose waiting backward was
 not completed (a gradient computed outside the optimizer) fails at trace time, naming why,
 instead of training without the tables' gradients.
 
@@ -26,11 +29,42 @@ import contextlib
 import contextvars
 from dataclasses import dataclass, field
 
+from merlin_models_de.variables import embedding_blocks
+
 NEXT_KEY = "__mmde_next"  # reserved feature keys of the input pipeline: f"{NEXT_KEY}/{feature}"
 # ops whose output holds exactly their input's values, in order
 SAME_VALUES = {"Identity", "ExpandDims", "Squeeze", "Reshape"}
 
 _current: contextvars.ContextVar = contextvars.ContextVar("mmde_training_step", default=None)
+
+
+class Waiting:
+    """The exchanges of one training step whose backward waits for the optimizer, and the
+    backend class that left them (its ``complete_backward`` completes them)."""
+
+    def __init__(self):
+        self.entries: list = []
+        self.backend = None
+
+    def add(self, backend, entry) -> None:
+        """Keeps ``entry`` for ``backend`` (a backend class) to complete."""
+        if self.backend is not None and self.backend is not backend:
+            raise NotImplementedError(
+                "One training step defers the exchanges' backward of one backend only; "
+                f"blocks of backend={self.backend.name!r} and backend={backend.name!r} both "
+                "do. Create the blocks of one of them with merge_backward=False."
+            )
+        self.backend = backend
+        self.entries.append(entry)
+
+    def take(self):
+        """``(backend class, entries)``, leaving nothing waiting."""
+        backend, entries = self.backend, self.entries
+        self.backend, self.entries = None, []
+        return backend, entries
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
 
 
 @dataclass
@@ -39,7 +73,7 @@ class TrainingStep:
 
     batch: dict  # the step's features, as the model receives them
     following: dict  # the next batch's id features, by feature name ({}: the input has none)
-    waiting: list = field(default_factory=list)  # exchanges whose backward waits
+    waiting: Waiting = field(default_factory=Waiting)  # exchanges whose backward waits
     claimed: set = field(default_factory=set)  # blocks that took the next batch
 
     def next_batch_for(self, block_key, feature_names, inputs):
@@ -66,6 +100,31 @@ class TrainingStep:
 def current_step() -> TrainingStep | None:
     """The training step being traced, or None (evaluate, predict, a custom loop)."""
     return _current.get()
+
+
+def complete_waiting(grads, variables, local, name: str = "mmde_merged"):
+    """``(grads, averaged)`` of the optimizer's gradient hook: what the step's exchanges left
+    waiting, completed by the backend that left it (``averaged[i]`` True for the global
+    gradients it averaged: the allreduce skips them). Nothing waits (no training step, or
+    completed already): ``grads`` as given, none averaged."""
+    step = current_step()
+    if step is None or not step.waiting:
+        return list(grads), [False] * len(grads)
+    backend, entries = step.waiting.take()
+    return backend.complete_backward(entries, grads, variables, local, name)
+
+
+def input_pipeline(model, dataset):
+    """``fit``'s input ``dataset`` as the backends of ``model``'s blocks take it (each backend
+    class once, in the order of the blocks; unchanged by a backend that pairs nothing)."""
+    classes = []
+    for block in embedding_blocks(model):
+        backend = getattr(block, "backend", None)
+        if backend is not None and type(backend) not in classes:
+            classes.append(type(backend))
+    for cls in classes:
+        dataset = cls.input_pipeline(model, dataset)
+    return dataset
 
 
 def split_next(data):
@@ -122,4 +181,13 @@ def _same_tensor(a, b) -> bool:
         return False
 
 
-__all__ = ["NEXT_KEY", "TrainingStep", "current_step", "split_next", "training_step"]
+__all__ = [
+    "NEXT_KEY",
+    "TrainingStep",
+    "Waiting",
+    "complete_waiting",
+    "current_step",
+    "input_pipeline",
+    "split_next",
+    "training_step",
+]

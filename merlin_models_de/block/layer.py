@@ -20,8 +20,8 @@ from merlin.models.utils.schema_utils import (
 )
 
 from merlin_models_de import comm, compat
-from merlin_models_de.backends.horovod.wire import exchange_dtype_name
 from merlin_models_de.backends.lookup import sequence_output
+from merlin_models_de.backends.options import exchange_dtype_name
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.backends.step import current_step
 from merlin_models_de.backends.validate import ordered_inputs

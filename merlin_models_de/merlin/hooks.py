@@ -16,8 +16,8 @@ that contain a ``DistributedEmbeddings`` block, on more than one rank, the hooks
   equal batches before the first step, or made to end on every rank together
   (:mod:`merlin_models_de.merlin.calls`); ranks other than 0 are quiet unless given
   ``verbose``.
-- fit: with a ``tf.data`` input each step also sends the next batch's ids
-  (:mod:`merlin_models_de.backends.horovod.ahead`), and each traced step opens the values
+- fit: with a ``tf.data`` input each step also sends the next batch's ids (the blocks'
+  backends prepare the input), and each traced step opens the values
   its blocks and optimizer share (:mod:`merlin_models_de.backends.step`); Merlin's broadcast
   callback is replaced by one that skips local variables and slots;
   with ``validate_ids=False`` the epoch's ids outside their tables are reported
@@ -42,8 +42,7 @@ import logging
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.horovod import ahead
-from merlin_models_de.backends.step import training_step
+from merlin_models_de.backends.step import input_pipeline, training_step
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin_hooks as merlin_compat
@@ -193,8 +192,7 @@ class MerlinHooks:
     @staticmethod
     def fit_input(model, data):
         """A ``tf.data`` input brings each step the next batch's ids, to exchange ahead."""
-        ahead.forget(model)
-        return ahead.pipelined(model, data)
+        return input_pipeline(model, data)  # through the blocks' backends
 
     # each traced train step: its values for the blocks and the optimizer, the next batch's
     # ids out of the batch

@@ -21,7 +21,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.horovod import backward
+from merlin_models_de.backends.step import complete_waiting
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import MODEL_PARALLEL, OPTIMIZER_SLOTS
@@ -98,7 +98,7 @@ def distributed(optimizer, prefix: str = "mmde_grad"):
     else:
         inner = scaled_optimizer(optimizer, comm.size())
     out = horovod_compat.distributed_optimizer(
-        inner, is_local, prefix=prefix, merged=backward.complete
+        inner, is_local, prefix=prefix, merged=complete_waiting
     )
     out._mmde_distributed = True  # noqa: SLF001 (our own mark on the optimizer)
     return out
@@ -128,11 +128,11 @@ def _distribute_multi(multi) -> None:
 def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
     """Global gradients averaged over ranks (one grouped allreduce); local ones (shards,
     sparse or not) divided by N, as Horovod's ``scale_local_gradients`` does. Rows whose
-    backward waited (``backends/horovod/backward.py``) go back first, with the float32 global
+    backward waited (``backends/step.py``) go back first, with the float32 global
     gradients when they may."""
     pairs, n = list(grads_and_vars), comm.size()
     variables = [v for _, v in pairs]
-    grads, done = backward.complete(
+    grads, done = complete_waiting(
         [g for g, _ in pairs], variables, [is_local(v) for v in variables], f"{prefix}_merged"
     )
     pairs = list(zip(grads, variables))

@@ -69,7 +69,6 @@ import numbers
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.horovod.exchange import back_to_askers, to_every_rank
 from merlin_models_de.runtime import agree
 
 DEFAULT_CHUNK_ROWS = 4096
@@ -354,9 +353,9 @@ def _gather_inputs(where, name, hidden, targets, table, bias, row_offset, num_ro
     )
     with tf.control_dependencies(checks):  # nothing else moves before every rank checked
         # one order on every rank: header, hidden, targets (see ``comm.after``)
-        global_hidden = to_every_rank(comm.after(hidden, header), f"{name}_hidden")
+        global_hidden = comm.allgather(comm.after(hidden, header), f"{name}_hidden")
         global_targets = (
-            to_every_rank(comm.after(targets, global_hidden), f"{name}_targets")
+            comm.allgather(comm.after(targets, global_hidden), f"{name}_targets")
             if targets is not None
             else None
         )
@@ -415,7 +414,7 @@ def sharded_softmax_cross_entropy(
             m, s, t = _local_stats(h, y, table, bias, row_offset, chunk_rows)
         # a rank with 0 rows computes m, s, t from shapes only: tie them to the targets
         stats = tf.reshape(
-            back_to_askers(comm.after(tf.stack([m, s, t], axis=1), y), sizes, f"{name}_stats"),
+            comm.alltoall(comm.after(tf.stack([m, s, t], axis=1), y), sizes, f"{name}_stats")[0],
             [comm.size(), -1, 3],
         )
         top = tf.reduce_max(stats[..., 0], axis=0)
@@ -427,7 +426,7 @@ def sharded_softmax_cross_entropy(
 
         def backward(upstream):
             # every rank needs every example's upstream gradient and log-sum-exp
-            both = to_every_rank(tf.stack([upstream, lse], axis=1), f"{name}_grad_stats")
+            both = comm.allgather(tf.stack([upstream, lse], axis=1), f"{name}_grad_stats")
             d_table, d_bias, d_h = _local_grads(
                 h, y, table, bias, row_offset, both[:, 1], both[:, 0], chunk_rows
             )
@@ -435,7 +434,7 @@ def sharded_softmax_cross_entropy(
             # (a rank with 0 rows never reads ``both``: without the tie TF prunes its gather)
             d_hidden = tf.reduce_sum(
                 tf.reshape(
-                    back_to_askers(comm.after(d_h, both), sizes, f"{name}_grad_hidden"),
+                    comm.alltoall(comm.after(d_h, both), sizes, f"{name}_grad_hidden")[0],
                     [comm.size(), -1, h.shape[1]],
                 ),
                 axis=0,
@@ -528,7 +527,7 @@ def sharded_top_k(
     n = comm.size()
 
     def per_owner(x, stage):  # [B_global, k] -> this rank's [B_local, N * k]
-        x = tf.reshape(back_to_askers(x, sizes, f"{name}_{stage}"), [n, -1, k])
+        x = tf.reshape(comm.alltoall(x, sizes, f"{name}_{stage}")[0], [n, -1, k])
         return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, n * k])
 
     scores = per_owner(scores, "scores")
@@ -564,7 +563,7 @@ def sharded_logits(
     if bias is not None:
         local += bias
     local = tf.pad(local, [[0, 0], [0, width - tf.shape(local, out_type=tf.int64)[1]]])
-    received = back_to_askers(comm.after(local, h), sizes, f"{name}_scores")
+    received = comm.alltoall(comm.after(local, h), sizes, f"{name}_scores")[0]
     n = tf.shape(header, out_type=tf.int64)[0]
     per_rank = tf.reshape(received, tf.stack([n, -1, width]))  # [N, B_local, R_max]
     flat = tf.reshape(tf.transpose(per_rank, [1, 0, 2]), tf.stack([tf.shape(per_rank)[1], -1]))

@@ -202,8 +202,7 @@ def run_distributed(
     (backends/step.py); otherwise the gradients come from the package's
     distributed tape, as in a custom loop.
     """
-    from merlin_models_de.backends.horovod import backward
-    from merlin_models_de.backends.step import training_step
+    from merlin_models_de.backends.step import complete_waiting, training_step
     from merlin_models_de.compat.horovod import distributed_optimizer
     from merlin_models_de.merlin.training import DistributedGradientTape
     from merlin_models_de.variables import is_local
@@ -216,7 +215,7 @@ def run_distributed(
     first = {k: to_numpy(v) for k, v in block(inputs).items()}
     opt, losses = OPTIMIZERS[optimizer](), []
     if via_optimizer:
-        opt = distributed_optimizer(opt, is_local, merged=backward.complete)
+        opt = distributed_optimizer(opt, is_local, merged=complete_waiting)
 
     def step(x):
         if via_optimizer:  # the step's owner opens it, as Merlin's train step hook does

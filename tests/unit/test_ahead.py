@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de.backends.horovod import ahead
+from merlin_models_de.backends.horovod.backend import HorovodBackend
 from merlin_models_de.backends.step import NEXT_KEY, current_step, training_step
 
 FEATURES = (types.SimpleNamespace(name="a"), types.SimpleNamespace(name="b"))
@@ -179,5 +180,5 @@ def test_a_step_whose_waiting_backward_was_not_completed_fails_naming_why():
     waiting: the step fails at trace time instead of training without them."""
     with pytest.raises(RuntimeError, match="was not completed.*merge_backward=False"):
         with training_step({"a": tf.constant([1])}):
-            current_step().waiting.append("an exchange")
+            current_step().waiting.add(HorovodBackend, "an exchange")
     assert current_step() is None

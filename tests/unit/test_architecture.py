@@ -201,6 +201,38 @@ def test_layer_check_finds_an_upward_import(monkeypatch):
         test_imports_point_down_the_layers()
 
 
+# the backends' implementations: only the registry imports them (by name, when one is chosen),
+# and each imports its own modules
+IMPLEMENTATIONS = (f"{PACKAGE}.backends.horovod", f"{PACKAGE}.backends.distributed_embeddings")
+
+
+def implementation_of(name):
+    """The implementation (of IMPLEMENTATIONS) module ``name`` belongs to, or None."""
+    return next((i for i in IMPLEMENTATIONS if name == i or name.startswith(i + ".")), None)
+
+
+def test_only_the_registry_imports_a_backend_implementation():
+    leaks = {}
+    for name, deps in graph().items():
+        bad = sorted(d for d in deps if implementation_of(d) not in (None, implementation_of(name)))
+        if bad:
+            leaks[name] = bad
+    assert leaks == {}
+    from merlin_models_de.backends import registry
+
+    named = {implementation_of(t.partition(":")[0]) for t in registry._CLASSES.values()}
+    assert named == set(IMPLEMENTATIONS)
+
+
+def test_backend_check_finds_an_import_of_an_implementation(monkeypatch):
+    edges = graph()
+    hooks = f"{PACKAGE}.merlin.hooks"
+    edges[hooks] = edges[hooks] | {f"{PACKAGE}.backends.horovod.ahead"}
+    monkeypatch.setattr(sys.modules[__name__], "graph", lambda: edges)
+    with pytest.raises(AssertionError, match="merlin.hooks.*backends.horovod.ahead"):
+        test_only_the_registry_imports_a_backend_implementation()
+
+
 def test_the_block_does_not_import_the_output_side_or_the_hooks():
     # the hooks go in at registration (merlin/register.py), never from the block
     deps = {d for n, ds in graph().items() if n.startswith(f"{PACKAGE}.block") for d in ds}

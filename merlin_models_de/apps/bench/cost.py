@@ -23,7 +23,7 @@ from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.hotness import parse_hotness, resolve_hotness
 from merlin_models_de.apps.common.options import ints, write_json
 from merlin_models_de.apps.common.program import program_name
-from merlin_models_de.backends.horovod.wire import EXCHANGE_DTYPES
+from merlin_models_de.backends.options import EXCHANGE_DTYPES
 from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, plan, validate_options
 from merlin_models_de.planner.cost import (
     LINKS,

@@ -6,5 +6,5 @@ a step ahead), ``backward`` (the rows' backward merged with the dense average), 
 (queries to every owner and answers back: row slices, the vocab-parallel output),
 ``table_lookup`` (a table's rows for arbitrary ids), ``wire`` (payload dtypes and packing).
 
-Nothing is imported here: ``backends/base.py`` reads ``wire`` without loading the backend.
+Nothing is imported here: only ``backends/registry.py`` loads the backend.
 """

@@ -23,8 +23,7 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
-from merlin_models_de.backends.horovod import backward
-from merlin_models_de.backends.horovod.ahead import Lookahead
+from merlin_models_de.backends.horovod import ahead, backward
 from merlin_models_de.backends.horovod.exchange import row_sliced_lookup
 from merlin_models_de.backends.horovod.schedule import StepSchedule
 from merlin_models_de.backends.horovod.table_lookup import lookup_ids
@@ -130,7 +129,7 @@ class HorovodBackend(EmbeddingBackend):
         )
         mark_column_sync(self.anchor, self.prefix, sliced, id(self))
         if self.world_size > 1:
-            self.lookahead = Lookahead(self)
+            self.lookahead = ahead.Lookahead(self)
 
     def empty_send(self):
         """A watched empty send (see ``anchor``).
@@ -227,6 +226,19 @@ class HorovodBackend(EmbeddingBackend):
         return tf.reduce_sum(self.empty_send())
 
     supports_ahead = True
+
+    @classmethod
+    def input_pipeline(cls, model, dataset):
+        """Each batch paired with the next one's ids (:func:`.ahead.pipelined`); a new
+        ``fit`` starts from no kept ids."""
+        ahead.forget(model)
+        return ahead.pipelined(model, dataset)
+
+    @classmethod
+    def complete_backward(cls, entries, grads, variables, local, name: str):
+        """The rows' waiting backward and the dense average in one all-to-all
+        (:func:`.backward.complete`)."""
+        return backward.complete(entries, grads, variables, local, name)
 
     def id_message(self, inputs, header):
         """The first all-to-all's message: to each owner, the header then the ids of the
@@ -380,6 +392,7 @@ class HorovodBackend(EmbeddingBackend):
             recorded,
             payload,
             waiting,
+            type(self),
         )
         # the anchor, read once (by the first block) for every pooled output: see
         # exchange_and_lookup

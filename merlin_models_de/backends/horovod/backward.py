@@ -11,7 +11,9 @@ joins only while that extra stays under :data:`MAX_EXTRA_BYTES` (the rows always
 How: the rows' exchange (:func:`exchange`) of a training step gets the step's ``waiting``
 list (``backends/step.py``) as an argument; when the optimizer computes the gradients, its
 backward keeps the gradient that reaches it in that list instead of sending it back, and gives
-the tape none for its input. The optimizer then calls :func:`complete`, which runs the one
+the tape none for its input (:meth:`.backend.HorovodBackend.complete_backward` is who
+completes it: the exchange adds it with its backend class). The optimizer's hook then calls
+:func:`complete` through that backend, which runs the one
 all-to-all, averages the dense gradients, and takes each table's gradient from a tape that
 recorded only this rank's lookup (:func:`recording`). Anywhere else (evaluate, a custom loop
 calling ``tape.gradient``: no waiting list) the exchange sends its gradient back at once, as
@@ -36,7 +38,6 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.horovod.wire import from_units, units
-from merlin_models_de.backends.step import current_step
 
 # extra dense bytes per rank the merged round may send beyond a ring allreduce's
 MAX_EXTRA_BYTES = 4 << 20
@@ -69,7 +70,9 @@ def recording(sources, enabled: bool):
         yield tape, sources
 
 
-def exchange(blocks, sizes, incoming, name: str, recorded, carried=None, waiting=None):
+def exchange(
+    blocks, sizes, incoming, name: str, recorded, carried=None, waiting=None, backend=None
+):
     """The rows' all-to-all, block by block: ``(received blocks, arrived)``; its backward is
     deferred while gradients are collected, when ``recorded`` (from :func:`recording`) is given.
 
@@ -86,8 +89,10 @@ def exchange(blocks, sizes, incoming, name: str, recorded, carried=None, waiting
             it sends this rank (known to both sides).
         carried: ``(payload, payload_splits)``: an int64 payload sent after each destination's
             blocks in the rows' units, without gradient (its sizes per destination).
-        waiting: The training step's list where the backward waits for :func:`complete`
-            (with ``recorded``), or None: the backward is a plain all-to-all.
+        waiting: The training step's ``Waiting`` (``backends/step.py``), where the backward
+            waits for :func:`complete` (with ``recorded``), or None: the backward is a plain
+            all-to-all.
+        backend: The backend class that completes what waits (its ``complete_backward``).
 
     Returns:
         Per source rank the list of its blocks, and ``arrived``: ``(payload received, its
@@ -143,8 +148,11 @@ def exchange(blocks, sizes, incoming, name: str, recorded, carried=None, waiting
                     name + "_grad",
                 )
                 return tf.split(back, tf.concat(sizes, 0), num=len(sent))
-            waiting.append(
-                _Pending(_grouped(dys, counts), totals_in, list(sizes), list(sent), *recorded, name)
+            waiting.add(
+                backend,
+                _Pending(
+                    _grouped(dys, counts), totals_in, list(sizes), list(sent), *recorded, name
+                ),
             )
             return [None] * len(sent)  # the tables' gradients come from complete()
 
@@ -176,19 +184,16 @@ def extra_bytes(world: int, dense_bytes: int) -> float:
     return (world - 1) * dense_bytes - 2 * (world - 1) / world * dense_bytes
 
 
-def complete(grads, variables, local, name: str = "mmde_merged"):
-    """``(grads, averaged)``: the collected exchanges' backward run as one all-to-all, each
-    table's gradient added to ``grads``, and the float32 global gradients averaged in the
-    same round where :func:`extra_bytes` allows (``averaged[i]`` True for those: the
-    allreduce skips them). Nothing waits (no training step, or its exchanges' backward ran
-    already): ``grads`` as given."""
+def complete(entries, grads, variables, local, name: str = "mmde_merged"):
+    """``(grads, averaged)``: the backward of the exchanges ``entries`` (taken from the step's
+    ``Waiting``) run as one all-to-all, each table's gradient added to ``grads``, and the
+    float32 global gradients averaged in the same round where :func:`extra_bytes` allows
+    (``averaged[i]`` True for those: the allreduce skips them). No entries: ``grads`` as
+    given."""
     grads, n = list(grads), comm.size()
     averaged = [False] * len(grads)
-    step = current_step()
-    entries = list(step.waiting) if step is not None else []
     if not entries:
         return grads, averaged
-    step.waiting.clear()  # completed here, once
     dense = [
         i
         for i, (g, v) in enumerate(zip(grads, variables))

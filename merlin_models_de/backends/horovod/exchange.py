@@ -4,9 +4,9 @@ A row-sliced table (and a row-sharded catalog, ``outputs/vocab_parallel.py``) ha
 every id on every rank, so the queries of each rank go to every rank (an allgather), each rank
 answers the queries it holds rows for, and the answers travel back to the rank that asked (an
 all-to-all, each rank's answers in the asker's order), where the partial answers are combined.
-Three callers use these two halves: the block's lookups of row-sliced tables, the table
-handles' lookups of arbitrary ids (``table_lookup.py``), and the vocab-parallel softmax and
-top-k. Both halves are differentiable (Horovod registers their gradients), so tables train
+The two halves are ``comm.allgather`` and ``comm.alltoall``: the block's lookups of row-sliced
+tables and the table handles' lookups of arbitrary ids (``table_lookup.py``) run them here,
+the vocab-parallel softmax and top-k call them directly. Both halves are differentiable (Horovod registers their gradients), so tables train
 through them.
 
 Example:
@@ -19,19 +19,6 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.backends.lookup import pooled_lookup
-
-
-def to_every_rank(queries, name: str):
-    """Every rank's ``queries``, rank after rank (rows may differ by rank)."""
-    return comm.allgather(queries, name=name)
-
-
-def back_to_askers(answers, counts, name: str):
-    """From every rank, rank after rank, its answers to this rank's queries (as many rows
-    from each); ``answers`` holds this rank's answers to every rank's queries in rank order,
-    ``counts[j]`` rows of them for rank j. The caller sums or merges the ranks' answers."""
-    received, _ = comm.alltoall(answers, counts, name=name)
-    return received
 
 
 def row_sliced_lookup(
@@ -51,8 +38,8 @@ def row_sliced_lookup(
         dtype: The dtype rows are read into (None: ``var``'s).
     """
     n = comm.size()
-    all_ids = to_every_rank(ids, f"{name}_ids")
-    all_lengths = to_every_rank(lengths, f"{name}_lengths") if lengths is not None else None
+    all_ids = comm.allgather(ids, f"{name}_ids")
+    all_lengths = comm.allgather(lengths, f"{name}_lengths") if lengths is not None else None
     sequence = lengths is not None and combiner is None
     partial = pooled_lookup(
         var,
@@ -67,5 +54,5 @@ def row_sliced_lookup(
     elif counts is None:
         samples = tf.size(ids) if lengths is None else tf.size(lengths)
         counts = tf.fill([n], tf.cast(samples, tf.int32))
-    received = back_to_askers(partial, counts, f"{name}_rows")
+    received, _ = comm.alltoall(partial, counts, f"{name}_rows")
     return tf.reduce_sum(tf.reshape(received, [n, -1, var.shape[1]]), axis=0)

@@ -6,9 +6,12 @@ go back the same way (TF's cast gradient narrows them). Each row is rounded exac
 way, at the same point whatever the world size (one process rounds too), so N ranks still
 train as one process on the global batch does.
 
+The dtype names and their check are the exchange's option, shared by every backend
+(``backends/options.py``).
+
 Example:
-    >>> exchange_dtype_name("bfloat16")
-    'bfloat16'
+    >>> to_wire(tf.ones([2], tf.float32), "bfloat16").dtype  # doctest: +SKIP
+    tf.bfloat16
 """
 
 from __future__ import annotations
@@ -16,28 +19,10 @@ from __future__ import annotations
 # TensorFlow loads on first use only: the commands check their options before it loads
 from merlin_models_de.comm import tf
 
-EXCHANGE_DTYPES = ("float16", "bfloat16")
-
-
-def exchange_dtype_name(value) -> str | None:
-    """``value`` (None, a name or a ``tf.DType``) as a name from EXCHANGE_DTYPES, or None.
-
-    Raises ValueError naming the option and the value received.
-    """
-    if value is None:
-        return None
-    name = getattr(value, "name", value)  # a tf.DType, or its name
-    if not isinstance(name, str) or name not in EXCHANGE_DTYPES:
-        raise ValueError(
-            f"exchange_dtype must be None (rows travel in the block's dtype) or "
-            f"one of {list(EXCHANGE_DTYPES)}. Received: exchange_dtype={value!r}"
-        )
-    return name
-
 
 def to_wire(x, name: str | None):
     """``x`` narrowed to the exchange dtype (unchanged when None or already narrower)."""
-    if name is None or x.dtype.size <= 2:  # every EXCHANGE_DTYPES entry is 2 bytes
+    if name is None or x.dtype.size <= 2:  # every options.EXCHANGE_DTYPES entry: 2 bytes
         return x
     return tf.cast(x, name)
 
