@@ -1,4 +1,4 @@
-"""One of two jobs saving into the same checkpoint directory at once (test_checkpoint_lock).
+"""One of two jobs saving into the same checkpoint directory at once (test_persistence_lock).
 
 Usage: python tests/scripts/concurrent_saver.py DIRECTORY GO_FILE OUT_JSON SEED
 Builds the tiny test model, waits until GO_FILE exists (so both jobs start saving together),

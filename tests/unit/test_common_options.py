@@ -1,0 +1,49 @@
+"""The commands' shared options (apps/common/options.py): sizes and lists parsed or refused
+naming the option and the value, and a dataset directory's problems found before TensorFlow."""
+
+import argparse
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from merlin_models_de.apps.common import options
+
+
+def test_sizes_take_decimal_and_binary_units():
+    assert options.parse_bytes("80GB", "--device-memory") == 80_000_000_000
+    assert options.parse_bytes("16GiB", "--device-memory") == 16 * 2**30
+    for bad in ("80 gigs", "-1GB", "0.0001B"):
+        with pytest.raises(ValueError, match=f"Received: --device-memory={bad!r}"):
+            options.parse_bytes(bad, "--device-memory")
+
+
+def test_integer_lists_are_positive():
+    assert options.ints("128, 64") == [128, 64]
+    for bad in ("", "a,b", "64,0"):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+            options.ints(bad)
+
+
+def test_elastic_needs_its_commits():
+    args = SimpleNamespace(elastic=True, checkpoint_dir="/ck", checkpoint_every=None)
+    assert "--checkpoint-every=None" in options.elastic_problem(args)
+    assert options.elastic_problem(SimpleNamespace(**{**vars(args), "checkpoint_every": 5})) is None
+
+
+def test_a_dataset_directory_is_checked_for_schema_files_and_rows(tmp_path):
+    flag = "--train-dir"
+    assert options.dataset_dir_problem(flag, None) is None
+    assert "is not a directory" in options.dataset_dir_problem(flag, str(tmp_path / "nope"))
+    assert "has no Merlin schema" in options.dataset_dir_problem(flag, str(tmp_path))
+    (tmp_path / "schema.pbtxt").write_text("")
+    assert options.dataset_dir_problem(flag, str(tmp_path)) is None
+    assert "holds no .parquet files" in options.parquet_files_problem(flag, str(tmp_path))
+    pq.write_table(pa.table({"a": pa.array([], pa.int64())}), tmp_path / "part_0.parquet")
+    assert "holds no rows" in options.parquet_files_problem(flag, str(tmp_path))
+    (tmp_path / "part_1.parquet").write_text("not parquet")
+    assert "not parquet" in options.parquet_files_problem(flag, str(tmp_path))
+    (tmp_path / "part_1.parquet").unlink()
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "part_1.parquet")
+    assert options.parquet_files_problem(flag, str(tmp_path)) is None
