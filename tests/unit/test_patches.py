@@ -142,3 +142,17 @@ def test_models_without_the_block_train_bit_for_bit_as_without_the_package(tmp_p
             assert f"{kind}.{optimizer}.0" in without  # every case ran
     differ = [k for k in without if not np.array_equal(without[k], with_package[k])]
     assert differ == []
+
+
+def test_installing_the_hooks_again_wraps_nothing_twice():
+    import tensorflow as tf
+    from merlin.models.tf.models.base import BaseModel
+
+    from merlin_models_de.merlin import hooks
+
+    owners = [(tf.keras.Model, "compile"), (BaseModel, "fit"), (BaseModel, "compile")]
+    owners += [(tf.keras.optimizers.legacy.SGD, "_resource_apply_sparse_duplicate_indices")]
+    before = [getattr(owner, name) for owner, name in owners]
+    hooks.install()
+    assert [getattr(owner, name) for owner, name in owners] == before
+    assert all(hasattr(f, "__wrapped__") or f.__module__.startswith(ROOT.name) for f in before)
