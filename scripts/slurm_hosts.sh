@@ -130,6 +130,9 @@ slurmd_in() {  # $1 = host
 revive() {  # a killed node boots again: its sshd and slurmd (ReturnToService=2 takes it back)
   [[ -f "$CONF" ]] || die "no cluster is up (run: $0 up)"
   bash "$NETNS" revive "$1"
+  # a rebooted node starts with empty run-time directories: the killed step's PMIx socket
+  # left in its spool would make the next step on it fail to bind ("Address already in use")
+  rm -rf "${STATE:?}/spool/$1" "${STATE:?}/tmp/$1"
   slurmd_in "$1"
   local tries=0
   until run sinfo -h -N -n "$1" -o '%T' 2>/dev/null | grep -qx idle; do
