@@ -37,8 +37,10 @@ run_stage() {
 }
 
 # Lint first, so a style error fails in seconds, not after the tests: ruff's checks and its
-# formatter (pyproject.toml [tool.ruff]).
-run_stage "lint: ruff check, ruff format --check" bash -c "ruff check . && ruff format --check ."
+# formatter (pyproject.toml [tool.ruff]), and mypy on planner/, backends/, persistence/
+# (pyproject.toml [tool.mypy]).
+run_stage "lint: ruff check, ruff format --check, mypy" \
+  bash -c "ruff check . && ruff format --check . && python -m mypy"
 if [[ $STATUS -ne 0 ]]; then echo "[test] SOME STAGES FAILED (lint)"; exit 1; fi
 
 # Every test module must import, also those whose tests skip here (a broken import in a

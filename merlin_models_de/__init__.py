@@ -84,7 +84,7 @@ __all__ = sorted(
 )
 
 
-def __getattr__(name):  # noqa: N807 (a module's __getattr__)
+def __getattr__(name):
     if name in _LAZY:
         import importlib
 

@@ -24,7 +24,7 @@ from merlin_models_de.launchers import check_launch, launcher
 class _LazyTF:
     """``tf`` imported on first use, so importing this module never loads TensorFlow."""
 
-    def __getattr__(self, attr):  # noqa: N807 (a module's __getattr__)
+    def __getattr__(self, attr):
         return getattr(importlib.import_module("tensorflow"), attr)
 
 
@@ -73,7 +73,7 @@ def hvd(defaults=None):
         return None
     if not _launched():
         try:
-            import horovod.tensorflow as h  # noqa: F401
+            import horovod.tensorflow as h
         except ImportError:
             return None
         return h if h.is_initialized() else None
@@ -325,7 +325,7 @@ class _GenericNamesTape:
             return grad
         return divided(grad, self._size)
 
-    def __getattr__(self, attr):  # noqa: N807 (a module's __getattr__)
+    def __getattr__(self, attr):
         return getattr(self._tape, attr)
 
 

@@ -58,7 +58,7 @@ def _read_schema_file(path: str):
     except Exception as err:  # protobuf, JSON, I/O and decoding errors alike: name the file
         reason = " ".join(str(err).split()) or type(err).__name__
         raise ValueError(
-            f"Cannot read the Merlin schema file ({reason}). " f"Received: schema={path!r}"
+            f"Cannot read the Merlin schema file ({reason}). Received: schema={path!r}"
         ) from err
     if len(schema) == 0:
         raise ValueError(f"The Merlin schema file has no columns. Received: schema={path!r}")

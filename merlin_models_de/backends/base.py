@@ -204,7 +204,8 @@ class EmbeddingBackend(abc.ABC):
 
     def send_ids(self, inputs: list, header, name: str):
         """The first exchange alone: ``(received, received_splits)``."""
-        return comm.alltoall(*self.id_message(inputs, header), name=name)
+        flat, splits = self.id_message(inputs, header)
+        return comm.alltoall(flat, splits, name=name)
 
     def local_problem_checks(self, inputs, batch, problems=()):
         """(problem count, deferred checks) of this rank's ``inputs`` (see ``validate``)."""

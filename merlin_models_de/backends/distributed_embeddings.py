@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 from merlin_models_de import comm
@@ -115,7 +117,7 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
         super().__init__(plan, features, rank, **options)  # options: see the base class
         self.names = [t.name for t in plan.tables]
         self.input_table_map = [self.names.index(f.table) for f in self.features]
-        self.de = None
+        self.de: Any = None
 
     @classmethod
     def unsupported(cls, features, exchange_dtype=None, table_dtype=None):

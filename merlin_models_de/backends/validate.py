@@ -31,7 +31,7 @@ def ordered_inputs(inputs, features):
     for f in features:
         if f.name not in inputs:
             problems.append(
-                f"Feature '{f.name}' is missing from the batch. " f"Received keys: {sorted(inputs)}"
+                f"Feature '{f.name}' is missing from the batch. Received keys: {sorted(inputs)}"
             )
             ordered.append(None)
             continue

@@ -51,7 +51,7 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20  # no collective message above this in get/set
 UNSUPPORTED_TABLE_KWARGS = {
     "embeddings_constraint": "None",
     "mask_zero": "False",
-    "weights": "None (use " "embeddings_initializer or set_global_weights)",
+    "weights": "None (use embeddings_initializer or set_global_weights)",
     "table": "None",
 }
 # EmbeddingOptions' fields, which Merlin's own code passes to mm.Embeddings (Wide&Deep) and
@@ -229,9 +229,7 @@ class DistributedEmbeddings(
             ("merge_backward", merge_backward),
         ):
             if not isinstance(value, bool):
-                raise ValueError(
-                    f"{option} must be True or False. Received: " f"{option}={value!r}"
-                )
+                raise ValueError(f"{option} must be True or False. Received: {option}={value!r}")
         self.exchange_ahead = exchange_ahead  # see backends/horovod/ahead.py
         self.merge_backward = merge_backward  # see backends/horovod/backward.py
         self._requested_backend = backend

@@ -102,7 +102,7 @@ class _ShardedRows:
             "(collective: every rank calls it) for a NumPy copy."
         )
 
-    def __getattr__(self, attribute):  # noqa: N807 (a module's __getattr__)
+    def __getattr__(self, attribute):
         if attribute.startswith("__"):
             raise AttributeError(attribute)
         raise AttributeError(f"{attribute}: {self.message()}")

@@ -108,7 +108,7 @@ def _targets_of(where, targets):
     targets = tf.convert_to_tensor(targets)
     if not targets.dtype.is_integer:
         raise ValueError(
-            f"{where}: targets must be integer item ids. " f"Received: dtype={targets.dtype.name}"
+            f"{where}: targets must be integer item ids. Received: dtype={targets.dtype.name}"
         )
     if targets.shape.rank == 2 and targets.shape[-1] == 1:  # Merlin feeds [batch, 1]
         targets = tf.squeeze(targets, -1)

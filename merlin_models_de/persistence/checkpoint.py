@@ -100,7 +100,7 @@ def _stage(name: str, work, share=None):
 def _check_keep(keep) -> None:
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ValueError(
-            f"keep must be None (keep every checkpoint) or an int >= 1. " f"Received: keep={keep!r}"
+            f"keep must be None (keep every checkpoint) or an int >= 1. Received: keep={keep!r}"
         )
 
 
@@ -163,7 +163,7 @@ def _claim(lock, directory, total, local_bytes):
         check_free_space(directory, local_bytes, "this rank's shards of the new checkpoint")
         return None
     check_free_space(
-        directory, total, "the new checkpoint (the old ones stay until it is " "complete)"
+        directory, total, "the new checkpoint (the old ones stay until it is complete)"
     )
     problem = pointer_problem(directory, "Remove it; the checkpoints beside it stay.")
     if problem:  # refused before anything is written, not after the rename
@@ -366,12 +366,12 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
             or every_n_steps < 1
         ):
             raise ValueError(
-                f"every_n_steps must be >= 1. " f"Received: every_n_steps={every_n_steps!r}"
+                f"every_n_steps must be >= 1. Received: every_n_steps={every_n_steps!r}"
             )
         _check_keep(keep)
         self.directory, self.every_n_steps, self.each_epoch = directory, every_n_steps, each_epoch
         self.keep = keep
-        self._saved_step = None
+        self._saved_step: int | None = None
         self._multiple = None  # the last multiple of every_n_steps saved (or passed at start)
 
     def _save(self, step: int) -> None:

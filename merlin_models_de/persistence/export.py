@@ -127,9 +127,9 @@ def _values(col, count: int):
     if np.issubdtype(dtype, np.bool_):
         return np.arange(count) % 2 == 0
     domain = col.float_domain
-    low = float(domain.min or 0.0) if domain else 0.0
-    high = float(domain.max) if domain and domain.max is not None else low + 1.0
-    return np.full(count, (low + high) / 2, dtype)
+    least = float(domain.min or 0.0) if domain else 0.0
+    most = float(domain.max) if domain and domain.max is not None else least + 1.0
+    return np.full(count, (least + most) / 2, dtype)
 
 
 def _numpy_dtype(col):

@@ -94,7 +94,7 @@ def _fsync_file(path: str) -> None:
 
 def _write_synced(path: str, write, mode: str = "wb") -> None:
     """Opens ``path``, lets ``write(f)`` fill it, and flushes it to disk before closing."""
-    with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+    with open(path, mode, encoding=None if "b" in mode else "utf-8") as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
@@ -147,7 +147,7 @@ def open_directory(directory: str, what: str) -> int:
         raise StorageError(f"No {what} in {directory}: it does not exist.") from exc
     except OSError as exc:
         raise StorageError(
-            f"Cannot open the {what} directory {directory}: " f"{exc.strerror or exc}"
+            f"Cannot open the {what} directory {directory}: {exc.strerror or exc}"
         ) from exc
 
 

@@ -139,7 +139,7 @@ class DirectoryLock:
         except OSError as exc:
             if exc.errno not in _NO_LINKS:
                 raise StorageError(
-                    f"Cannot create the checkpoint lock {self.path}: " f"{exc.strerror or exc}"
+                    f"Cannot create the checkpoint lock {self.path}: {exc.strerror or exc}"
                 ) from exc
         finally:
             _remove(own)
@@ -157,7 +157,7 @@ class DirectoryLock:
             return None
         except OSError as exc:
             raise StorageError(
-                f"Cannot create the checkpoint lock {self.path}: " f"{exc.strerror or exc}"
+                f"Cannot create the checkpoint lock {self.path}: {exc.strerror or exc}"
             ) from exc
 
     def _write(self, fd: int) -> None:

@@ -330,7 +330,7 @@ def tiles(shards, rows, dim) -> bool:
     overlap (a sweep down the rows, each rectangle compared with the ones still open)."""
     if sum(s.rows * s.cols for s in shards) != rows * dim:
         return False
-    open_ = []  # rectangles whose rows reach past the current row_start
+    open_: list = []  # rectangles whose rows reach past the current row_start
     for a in sorted(shards, key=lambda s: s.row_start):
         open_ = [b for b in open_ if b.row_start + b.rows > a.row_start]
         if any(

@@ -67,7 +67,7 @@ def latest_checkpoint(directory: str) -> str | None:
         path = read_latest(directory)
         if path is None or os.path.isfile(os.path.join(path, MANIFEST)):
             return path
-    raise StorageError(_gone(directory, path))
+    raise StorageError(_gone(directory, str(path)))
 
 
 def _gone(directory: str, path: str) -> str:

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class ModelState:
 
     blocks: list
     dense: list
-    optimizer: object
+    optimizer: Any
     extra: list
 
     @property

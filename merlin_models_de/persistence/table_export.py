@@ -219,7 +219,7 @@ def _read_manifest(directory: str, fd: int) -> dict:
         )
         if r0 + nr > rows or c0 + nc > dim:
             raise fail(
-                f"part {part['file']!r} lies outside the {rows} x {dim} table. " f"Received: {part}"
+                f"part {part['file']!r} lies outside the {rows} x {dim} table. Received: {part}"
             )
         if nr and nc:
             rectangles.append(_Rectangle(r0, nr, c0, nc))

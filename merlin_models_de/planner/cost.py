@@ -147,7 +147,7 @@ class Link:
         """Milliseconds of one collective of ``kind`` moving ``wire`` bytes per rank."""
         if kind not in KINDS:
             raise ValueError(
-                f"Unknown collective kind; expected one of {KINDS}. " f"Received: kind={kind!r}"
+                f"Unknown collective kind; expected one of {KINDS}. Received: kind={kind!r}"
             )
         alpha, beta = self.alpha_ms, self.beta_gbps
         if kind == "allreduce":
@@ -341,11 +341,11 @@ def step_costs(
         fwd.append(c)
         bwd.append(_reverse(c))
     if any(routing.sequences(o) for o in range(n)):
-        rows = [
+        sequence_rows = [
             sum(ids_of(features[l.feature]) * l.shard.cols for _, l in routing.sequences(o))
             for o in range(n)
         ]
-        c = _alltoall("sequences", "fwd", [[rows[o] * x] * n for o in range(n)])
+        c = _alltoall("sequences", "fwd", [[sequence_rows[o] * x] * n for o in range(n)])
         fwd.append(c)
         bwd.append(_reverse(c))
     for f in features:

@@ -66,7 +66,7 @@ class Routing:
             ]
             lookups.sort(key=lambda l: l.multi_hot)  # stable: one-hot first
             served.append(tuple(lookups))
-        pieces = []
+        pieces: list[tuple[Piece, ...]] = []
         for i, f in enumerate(features):
             kind = plan.kind_of(f.table)
             if kind is ShardingType.DATA_PARALLEL:

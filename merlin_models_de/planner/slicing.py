@@ -52,7 +52,7 @@ def column_slice_widths(rows: int, dim: int, threshold: int | None, world_size: 
     The smallest power-of-two number of slices that brings each under ``threshold`` elements,
     capped at ``min(world_size, dim)``; the first ``dim % n`` slices are one column wider.
     """
-    n, size, cap = 1, rows * dim, max(1, min(world_size, dim))
+    n, size, cap = 1, float(rows * dim), max(1, min(world_size, dim))
     # stop at the cap: more halving cannot change the result, and a threshold below one
     # element (auto threshold of a 1x1 table) would otherwise never end
     while threshold is not None and size > threshold and n < cap:

@@ -95,7 +95,7 @@ def on_every_rank(name: str, work, share=None, error_type=RuntimeError, wrap_own
     for rank, (message, _, _) in enumerate(outcomes):
         if message is not None:
             raise error_type(
-                f"{name[:1].upper()}{name[1:]} failed on rank {rank}: " f"{message}"
+                f"{name[:1].upper()}{name[1:]} failed on rank {rank}: {message}"
             ) from error
     return result, [shared for _, shared, _ in outcomes]
 

@@ -47,13 +47,13 @@ def build_faiss_index(
     for first, vectors in iter_table(table_dir, batch_rows):
         if first != added:
             raise ValueError(
-                f"Table {table_dir!r} read out of order: batch at row {first}, " f"expected {added}"
+                f"Table {table_dir!r} read out of order: batch at row {first}, expected {added}"
             )
         index.add(np.ascontiguousarray(vectors, np.float32))
         added += len(vectors)
     if added != rows:
         raise ValueError(
-            f"Table {table_dir!r} has {rows} rows in its manifest but {added} " "were read"
+            f"Table {table_dir!r} has {rows} rows in its manifest but {added} were read"
         )
     os.makedirs(os.path.dirname(os.path.abspath(index_path)), exist_ok=True)
     faiss.write_index(index, index_path)

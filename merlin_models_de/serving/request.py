@@ -57,7 +57,7 @@ def check_request(request, schema: Schema) -> None:
         )
     if all(_rows(columns[c.name]) == 0 for c in schema):
         raise RequestError(
-            f"Request has no rows (columns {schema.column_names}): send at " "least one row"
+            f"Request has no rows (columns {schema.column_names}): send at least one row"
         )
     for col in schema:
         is_list, kind, label = _received(columns[col.name])
@@ -70,7 +70,7 @@ def check_request(request, schema: Schema) -> None:
         )
         if shape_differs or kind_differs:
             raise RequestError(
-                f"Request column {col.name!r}: expected {_expected(col)}, " f"received {label}"
+                f"Request column {col.name!r}: expected {_expected(col)}, received {label}"
             )
 
 

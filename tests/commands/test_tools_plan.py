@@ -175,7 +175,7 @@ def test_parse_bytes():
     assert parse_bytes("512", "--budget") == 512
     with pytest.raises(
         ValueError,
-        match=r"^--budget must look like '80GB' or '16GiB'\. " r"Received: --budget='lots'$",
+        match=r"^--budget must look like '80GB' or '16GiB'\. Received: --budget='lots'$",
     ):
         parse_bytes("lots", "--budget")
 

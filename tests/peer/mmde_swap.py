@@ -54,8 +54,8 @@ os.makedirs(OUT, exist_ok=True)
 open(RESULTS, "w").close()
 
 import merlin.models.tf as mm  # noqa: E402
-import merlin.models.tf.blocks.dlrm  # noqa: E402,F401  (modules that import the name
-import merlin.models.tf.blocks.interaction  # noqa: E402,F401  must be loaded before the patch)
+import merlin.models.tf.blocks.dlrm  # noqa: E402  (modules that import the name
+import merlin.models.tf.blocks.interaction  # noqa: E402  must be loaded before the patch)
 import merlin.models.tf.models.ranking  # noqa: E402,F401
 from merlin.models.tf.inputs import base as _inputs_base  # noqa: E402
 from merlin.models.tf.inputs import embedding as _embedding  # noqa: E402

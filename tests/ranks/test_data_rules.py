@@ -96,7 +96,8 @@ def test_a_dataset_given_with_drop_last_false_names_the_short_batches(hvd, model
             ValueError,
             match=(
                 rf"^{method}: the ranks' last batches differ in size.*"
-                r"\{0: 2, 1: 3\}.*" + rf"{given}=3"
+                r"\{0: 2, 1: 3\}.*"
+                rf"{given}=3"
             ),
         ):
             call()
@@ -113,7 +114,8 @@ def test_a_short_last_batch_of_another_size_names_drop_last(hvd, model, one_file
             ValueError,
             match=(
                 rf"^{method}: the ranks' last batches differ in size.*"
-                r"\{0: 2, 1: 3\}.*drop_last=True.*" + rf"{given}=3"
+                r"\{0: 2, 1: 3\}.*drop_last=True.*"
+                rf"{given}=3"
             ),
         ):
             call()

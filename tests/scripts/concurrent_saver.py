@@ -12,10 +12,10 @@ import time
 
 sys.path.insert(0, os.getcwd())
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-from merlin_models_de.persistence.checkpoint import save_checkpoint  # noqa: E402
-from tests.unit import checkpoint_helpers as ch  # noqa: E402
+from merlin_models_de.persistence.checkpoint import save_checkpoint
+from tests.unit import checkpoint_helpers as ch
 
 
 def main(directory, go_file, out_json, seed):

@@ -11,8 +11,8 @@ import tensorflow as tf
 sys.path.insert(0, os.getcwd())
 
 from merlin_models_de import comm
-from merlin_models_de.persistence.checkpoint import CheckpointCallback  # noqa: E402
-from tests.ranks import oracle_dlrm as fc  # noqa: E402
+from merlin_models_de.persistence.checkpoint import CheckpointCallback
+from tests.ranks import oracle_dlrm as fc
 
 
 class Die(tf.keras.callbacks.Callback):

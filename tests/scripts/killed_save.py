@@ -15,8 +15,8 @@ import time
 
 sys.path.insert(0, os.getcwd())
 
-from merlin_models_de import comm  # noqa: E402
-from tests.ranks import oracle_dlrm as fc  # noqa: E402
+from merlin_models_de import comm
+from tests.ranks import oracle_dlrm as fc
 
 
 def die_while_writing(path):

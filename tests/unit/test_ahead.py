@@ -138,7 +138,7 @@ def test_the_option_is_checked_and_saved():
 
     with pytest.raises(
         ValueError,
-        match=r"exchange_ahead must be True or False\. " r"Received: exchange_ahead='no'",
+        match=r"exchange_ahead must be True or False\. Received: exchange_ahead='no'",
     ):
         mm.DistributedEmbeddings(fc.small_schema(), dim=4, exchange_ahead="no")
     block = mm.DistributedEmbeddings(fc.small_schema(), dim=4, exchange_ahead=False)
@@ -167,7 +167,7 @@ def test_a_problem_kept_for_the_next_step_reads_as_its_check():
     ok, line = first_problem(deferred)
     assert not ok.numpy()
     assert line.numpy().decode() == (
-        "An id is outside its table. Received: feature= C1 " "id= 1000000"
+        "An id is outside its table. Received: feature= C1 id= 1000000"
     )
     ok, line = first_problem(deferred[:1] + deferred[2:])
     assert line.numpy().decode() == "sizes: [8 6]"

@@ -47,7 +47,7 @@ def test_partitions_per_rank_follow_the_loader():
 
 def test_fewer_partitions_than_ranks_names_the_fix():
     with pytest.raises(
-        ValueError, match=r"1 partition\(s\) for 2 ranks.*" r"ds\.repartition\(npartitions=2\)"
+        ValueError, match=r"1 partition\(s\) for 2 ranks.*ds\.repartition\(npartitions=2\)"
     ):
         loader_dataset(criteo(100, 1), 16, rank=0, world_size=2)
 
@@ -56,7 +56,7 @@ def test_bad_batch_size_and_list_columns_are_named():
     from merlin.datasets.synthetic import generate_data
 
     with pytest.raises(
-        ValueError, match=r"batch_size must be a positive int. Received: " r"batch_size=0"
+        ValueError, match=r"batch_size must be a positive int. Received: batch_size=0"
     ):
         loader_dataset(criteo(100, 1), 0, rank=0, world_size=1)
     sequences = generate_data("sequence-testing", 100)

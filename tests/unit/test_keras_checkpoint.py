@@ -27,7 +27,7 @@ def test_tables_load_from_older_layout_names_or_fail_naming_them(tmp_path):
     sliced.mp_user_c1 = tf.Variable(np.zeros((10, 1), np.float32))
     tf.train.Checkpoint(block=sliced).write(str(tmp_path / "sliced"))
     with pytest.raises(
-        ValueError, match=r"column slice of table 'user'.*Received: " r"name='mp_user_c1'"
+        ValueError, match=r"column slice of table 'user'.*Received: name='mp_user_c1'"
     ):
         tf.train.Checkpoint(block=block).read(str(tmp_path / "sliced"))
 

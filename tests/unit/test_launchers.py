@@ -50,11 +50,11 @@ def test_each_launcher_is_read_from_its_own_variables(env, name, world, local_ra
     [
         (
             dict(SRUN, SLURM_NODEID="3"),
-            "SLURM_NODEID=3 but SLURM_STEP_TASKS_PER_NODE='2(x2),1' " "names 3 nodes",
+            "SLURM_NODEID=3 but SLURM_STEP_TASKS_PER_NODE='2(x2),1' names 3 nodes",
         ),  # fmt: skip
         (
             dict(MPIRUN, OMPI_COMM_WORLD_SIZE="two"),
-            "mpirun's environment does not parse: " "invalid literal for int() with base 10: 'two'",
+            "mpirun's environment does not parse: invalid literal for int() with base 10: 'two'",
         ),  # fmt: skip
     ],
 )

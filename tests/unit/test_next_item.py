@@ -46,7 +46,7 @@ def _main(argv, capsys):
         ),
         (
             ["--learning-rate", "nan"],
-            "--learning-rate must be a finite number > 0. " "Received: --learning-rate=nan",
+            "--learning-rate must be a finite number > 0. Received: --learning-rate=nan",
         ),
         (
             ["--encoder", "transformer", "--dim", "64", "--heads", "3"],
@@ -72,7 +72,7 @@ def _main(argv, capsys):
         (["--valid-dir", "/v"], "--valid-dir needs --train-dir. Received: --valid-dir='/v'"),
         (
             ["--checkpoint-every", "5"],
-            "--checkpoint-every needs --checkpoint-dir. " "Received: --checkpoint-every=5",
+            "--checkpoint-every needs --checkpoint-dir. Received: --checkpoint-every=5",
         ),
         (
             ["--checkpoint-dir", "/c", "--checkpoint-keep", "-1"],
@@ -269,7 +269,7 @@ def test_a_catalog_too_big_for_memory_exits_2_with_one_line(capsys):
         ),
         (
             "valid without it",
-            "error: --valid-dir's schema has no column 'a' (the item column of " "--train-dir)",
+            "error: --valid-dir's schema has no column 'a' (the item column of --train-dir)",
         ),
     ],
 )

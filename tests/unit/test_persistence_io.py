@@ -21,14 +21,14 @@ def test_a_write_error_names_the_file_the_rank_and_the_cause(tmp_path):
     for write in (io.write_array, lambda p, a: io.write_arrays(p, {"w0": a})):
         with pytest.raises(
             OSError,
-            match=r"Cannot write /dev/full on rank 0: No space left " r"on device \(ENOSPC\)",
+            match=r"Cannot write /dev/full on rank 0: No space left on device \(ENOSPC\)",
         ) as info:
             write("/dev/full", np.ones((60_000, 2), np.float32))
         assert info.value.errno == errno.ENOSPC
     blocked = tmp_path / "x.npy"  # a file replaced by a directory
     blocked.mkdir()
     with pytest.raises(
-        OSError, match=rf"Cannot write {blocked} on rank 0: Is a directory " r"\(EISDIR\)"
+        OSError, match=rf"Cannot write {blocked} on rank 0: Is a directory \(EISDIR\)"
     ):
         io.write_array(str(blocked), np.ones(3))
 

@@ -76,6 +76,6 @@ def test_a_shard_symlinked_outside_is_refused(saved, tmp_path):
     shutil.move(shard, tmp_path / "table-r0.npy")
     os.symlink(tmp_path / "table-r0.npy", shard)
     with pytest.raises(
-        ValueError, match="shard file would lie outside the directory .*" "table-r0.npy"
+        ValueError, match="shard file would lie outside the directory .*table-r0.npy"
     ):
         read_full_tables(path)

@@ -265,7 +265,7 @@ def test_a_reused_pid_is_not_the_holder(tmp_path, sleeper):
     )
     with pytest.warns(
         RuntimeWarning,
-        match=rf"process {sleeper.pid} on this host is not its " rf"holder .*the pid was reused",
+        match=rf"process {sleeper.pid} on this host is not its holder .*the pid was reused",
     ):
         save_checkpoint(ch.build(ch.legacy_adagrad), directory, step=1)
     assert sorted(os.listdir(directory)) == ["ckpt-000000001", "latest"]

@@ -204,7 +204,7 @@ def test_a_read_error_mid_restore_leaves_the_model_untouched(tmp_path, monkeypat
     monkeypatch.setattr(np, "memmap", fail_fifth_read)
     with pytest.raises(
         StorageError,
-        match=r"Cannot read checkpoint file .*-r0\.npy on " r"rank 0: .*Input/output error",
+        match=r"Cannot read checkpoint file .*-r0\.npy on rank 0: .*Input/output error",
     ):
         restore_checkpoint(other, directory)
     after = ch.weights(other) + [v.numpy() for v in other.optimizer.variables()]

@@ -202,7 +202,7 @@ def check_without_this_package(ensemble_dir, out):
     lines = run.stdout.strip().splitlines()
     assert lines[-2] == "['ModelInputs']"  # what feeds the model
     assert lines[-1].startswith(
-        "RequestError Request is missing columns the workflow " "reads: age (float (float64))"
+        "RequestError Request is missing columns the workflow reads: age (float (float64))"
     ), run.stdout
 
 

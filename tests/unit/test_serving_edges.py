@@ -216,7 +216,7 @@ WORKFLOW_WITHOUT_THIS_PACKAGE = """
 import sys
 sys.modules["merlin_models_de"] = None  # any import of the package raises ImportError
 import nvtabular as nvt, pandas as pd
-from merlin.io import Dataset
+from merlin.io import Dataset  # noqa: E402
 
 workflow = nvt.Workflow.load(sys.argv[1] + "/0_transformworkflowtriton/1/workflow")
 names = sorted(type(n.op).__name__ for n in workflow.output_node.parents_with_dependencies)

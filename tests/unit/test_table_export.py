@@ -195,7 +195,7 @@ def test_a_failed_export_leaves_the_old_one(block, tmp_path, monkeypatch):
 
     monkeypatch.setattr(table_export, "write_array", full_disk)
     with pytest.raises(
-        OSError, match=r"Exporting table 'item' to .* failed on rank 0: .*No " r"space left"
+        OSError, match=r"Exporting table 'item' to .* failed on rank 0: .*No space left"
     ):
         export_table(block, "item", directory)
     np.testing.assert_array_equal(read_table(directory), old)
@@ -207,7 +207,7 @@ def test_an_export_never_deletes_what_is_not_its_own(block, tmp_path):
     directory.mkdir()
     (directory / "notes.txt").write_text("mine")
     with pytest.raises(
-        StorageError, match=r"holds files that are not part of a table export " r"\(notes.txt\)"
+        StorageError, match=r"holds files that are not part of a table export \(notes.txt\)"
     ):
         export_table(block, "item", str(directory))
     assert os.listdir(directory) == ["notes.txt"]

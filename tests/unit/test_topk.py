@@ -72,7 +72,7 @@ def test_bad_arguments_are_named():
         ShardedTopK("nope")
     with pytest.raises(
         TypeError,
-        match=r"takes a table of a DistributedEmbeddings block.*" r"Received: EmbeddingTable",
+        match=r"takes a table of a DistributedEmbeddings block.*Received: EmbeddingTable",
     ):
         ShardedTopK(mm.Embeddings(tr.schema(), dim=4)["item"])
     with pytest.raises(NotImplementedError, match=r"scores table 'item' where it lies"):

@@ -135,7 +135,7 @@ def _check(args) -> None:
     for name in ("dim", "allreduce_rounds"):
         if getattr(args, name) < 1:
             raise ValueError(
-                f"--{name.replace('_', '-')} must be >= 1. " f"Received: {getattr(args, name)}"
+                f"--{name.replace('_', '-')} must be >= 1. Received: {getattr(args, name)}"
             )
     for name in ("batch_size", "global_batch_size", "dense_params"):
         value = getattr(args, name)

@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma list of runs to leave out, e.g. " "data-parallel,no-validation",
+        help="comma list of runs to leave out, e.g. data-parallel,no-validation",
     )
     ap.add_argument(
         "--no-huge-pages",

@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma list of runs to leave out (" "single, data-parallel, sharded, sampled)",
+        help="comma list of runs to leave out (single, data-parallel, sharded, sampled)",
     )
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     ap.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)

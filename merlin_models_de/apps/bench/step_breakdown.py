@@ -348,7 +348,7 @@ def markdown(title: str, b: dict) -> str:
         for label, key in (
             ("train_step (timed here, as above)", "train_step"),
             ("input (--input), next batch (measured; beside the step in fit)", "loader"),
-            ("Keras loop, callbacks, rank skew (median fit step - train_step " "- loader)", "rest"),
+            ("Keras loop, callbacks, rank skew (median fit step - train_step - loader)", "rest"),
             ("epoch starts and stalls (mean - median fit step)", "epoch_starts"),
         ):
             lines.append(f"| {label} | {ms(fit[key])} | {fit[key] / fit['fit_step']:.0%} |")

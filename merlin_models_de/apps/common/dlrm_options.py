@@ -151,7 +151,7 @@ def parser(prog: str | None = None, description: str | None = None) -> argparse.
     return ap
 
 
-def check_options(args) -> str | None:
+def check_options(args) -> str | None:  # noqa: C901 (one flat check per option)
     """The first problem with the options themselves, or None; the same on every rank."""
     size = world()[0]
     for name in ("rows", "batch_size", "epochs", "dim", "steps_per_execution"):

@@ -232,7 +232,7 @@ def complete(entries, grads, variables, local, name: str = "mmde_merged"):
         layout.append(tf.constant([padded], tf.int32))
     count = sum(int(e.sizes[o].shape[0]) for o in range(n) for e in entries) + n
     parts = iter(tf.split(received, tf.concat(layout, 0), num=count))
-    back = [[] for _ in entries]
+    back: list[list] = [[] for _ in entries]
     dense_in = []
     for o in range(n):
         for k, e in enumerate(entries):

@@ -60,7 +60,7 @@ class StepSchedule:
             Collective(
                 "ids",
                 "alltoall",
-                "header (batch, problems), one-hot ids, " "multi-hot row lengths",
+                "header (batch, problems), one-hot ids, multi-hot row lengths",
                 NOTHING_KEPT,
                 "forward",
             )
@@ -73,7 +73,7 @@ class StepSchedule:
                 Collective(
                     "vectors",
                     "alltoall",
-                    "pooled rows, then the next " "batch's ids",
+                    "pooled rows, then the next batch's ids",
                     EVERY_STEP,
                     "forward",
                 )
@@ -91,7 +91,7 @@ class StepSchedule:
                 Collective(
                     "sequences_grad",
                     "alltoall",
-                    "un-pooled rows' " "gradients",
+                    "un-pooled rows' gradients",
                     EVERY_STEP,
                     "backward",
                 )
@@ -150,7 +150,7 @@ class StepSchedule:
                 Collective(
                     MERGED,
                     "alltoall",
-                    "pooled rows' gradients, then " "this rank's dense gradients (float32)",
+                    "pooled rows' gradients, then this rank's dense gradients (float32)",
                     EVERY_STEP,
                     "backward",
                 )
@@ -160,7 +160,7 @@ class StepSchedule:
                 Collective(
                     DENSE,
                     "grouped allreduce",
-                    "dense gradients (one " "group per dtype)",
+                    "dense gradients (one group per dtype)",
                     EVERY_STEP,
                     "backward",
                 )

@@ -29,7 +29,7 @@ class Buildable:
                 arguments["__args__"] = list(args)
         object.__setattr__(self, "__arguments__", arguments)
 
-    def __getattr__(self, name):  # noqa: N807 (a module's __getattr__)
+    def __getattr__(self, name):
         args = object.__getattribute__(self, "__arguments__")
         if name in args:
             return args[name]
