@@ -131,9 +131,7 @@ def to_ids(value, feature: str, multi_hot: bool):
         value = tf.RaggedTensor.from_sparse(value)
     dtype = value.dtype if hasattr(value, "dtype") else tf.convert_to_tensor(value).dtype
     if not dtype.is_integer:
-        raise ValueError(
-            f"Feature '{feature}' must hold integer ids. Received: " f"dtype={dtype.name}"
-        )
+        raise ValueError(f"Feature '{feature}' must hold integer ids. Received: dtype={dtype.name}")
     if isinstance(value, tf.RaggedTensor):
         if value.shape.rank == 3:
             value = value.merge_dims(1, 2)
