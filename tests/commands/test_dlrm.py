@@ -1,6 +1,6 @@
 """The DLRM command: option errors, synthetic data, single-process and horovodrun runs,
 checkpoint resume, export, a parquet directory with unequal partitions (the bench:
-test_bench.py; a rank's cores: test_cores.py)."""
+test_bench_dlrm.py; a rank's cores: test_cores.py)."""
 
 import importlib.util
 import json
@@ -78,14 +78,14 @@ def check_plain_run_output(run):
         (["--column-slice-threshold", "0"], "column_slice_threshold"),
         (
             ["--learning-rate", "inf"],
-            "--learning-rate must be a finite number > 0. " "Received: --learning-rate=inf",
+            "--learning-rate must be a finite number > 0. Received: --learning-rate=inf",
         ),
         (["--learning-rate", "nan"], "Received: --learning-rate=nan"),
         (["--learning-rate", "-1"], "Received: --learning-rate=-1.0"),
         (["--dataset", "nosuch"], "--dataset must name a Merlin synthetic dataset"),
         (
             ["--checkpoint-keep", "2"],
-            "--checkpoint-keep needs --checkpoint-dir. " "Received: --checkpoint-keep=2",
+            "--checkpoint-keep needs --checkpoint-dir. Received: --checkpoint-keep=2",
         ),
         (
             ["--checkpoint-dir", "ckpt", "--checkpoint-keep", "-1"],
