@@ -47,9 +47,11 @@ def test_registration_follows_merlin_import_in_either_order():
         assert out.stdout.strip().endswith("True"), out.stderr[-2000:]
 
 
-def test_planner_and_tables_import_no_tensorflow():
+def test_planner_tables_and_exchange_options_import_no_tensorflow():
+    # the commands check their options (backends/options.py) before TensorFlow loads
     code = (
         "import sys, merlin_models_de.planner, merlin_models_de.tables;"
+        "import merlin_models_de.backends.options;"
         "print('tensorflow' in sys.modules, 'horovod' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
