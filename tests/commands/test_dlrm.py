@@ -170,7 +170,7 @@ def test_synthetic_rows_do_not_depend_on_world_size():
 @pytest.mark.full  # resume: also test_resume_after_a_mid_epoch_kill_trains_each_batch_once
 def test_single_process_run_checkpoint_and_resume(tmp_path):
     # --export (model.save of the trained model, ~95 s of Keras tracing for these 26 tables)
-    # is run by tests/unit/test_serving.py, which serves what the command exported
+    # is run by tests/unit/test_serving_ensemble.py, which serves what the command exported
     ckpt = str(tmp_path / "ckpt")
     # the first run as a user starts it: no --quiet, no logging variables (what it prints
     # is check_plain_run_output's)

@@ -29,7 +29,7 @@ LAYOUTS = {"table_wise": dict(strategy="basic"), "row_sliced": dict(strategy="ba
 
 # every value of every parameter in 4 runs (each ~40-80 s of CI time); the eager vocab-parallel
 # step is also checked on 2 ranks by test_vocab_parallel.py, and the output against Merlin's
-# in graph and eager mode, with and without bias, by tests/unit/test_tied_output.py
+# in graph and eager mode, with and without bias, by tests/unit/test_outputs_tied.py
 @pytest.mark.parametrize(
     "layout, optimizer, eager, plain, bias",
     [
@@ -37,7 +37,7 @@ LAYOUTS = {"table_wise": dict(strategy="basic"), "row_sliced": dict(strategy="ba
         pytest.param("row_sliced", "adagrad", False, True, False, marks=pytest.mark.full),
         pytest.param("table_wise", "sgd", True, True, False, marks=pytest.mark.full),
         # CI: the item table row-sliced under Merlin's CategoricalOutput(to_call=...) trains in
-        # test_session_fit.py; the output bias against Merlin's in tests/unit/test_tied_output.py
+        # test_session_fit.py; the output bias against Merlin's in tests/unit/test_outputs_tied.py
         pytest.param("row_sliced", "adagrad", False, False, True, marks=pytest.mark.full),
     ],
 )

@@ -1,6 +1,6 @@
 """A next-item model with a weight-tied output, and its single-process reference run.
 
-Shared by tests/ranks/test_tied_output.py (2 ranks) and tests/unit/test_tied_output.py
+Shared by tests/ranks/test_tied_output.py (2 ranks) and tests/unit/test_outputs_tied.py
 (one process). The model: a user id and the previous item (the item table, ``item``) ->
 concatenated embeddings -> a dense layer to the table's width -> ``CategoricalOutput`` tied to
 the item table, predicting ``next_item``.

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tests.ranks import tied_reference as tr
-from tests.unit.test_tied_output import BATCH, TOP_K_METRICS, pair
+from tests.unit.test_outputs_tied import BATCH, TOP_K_METRICS, pair
 
 
 def _example_arguments():
