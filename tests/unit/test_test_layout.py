@@ -88,7 +88,6 @@ NOT_NAMED_YET = (
     "serving/faiss_index.py",
     "serving/loading.py",
     "serving/model_inputs.py",
-    "serving/request.py",
     "serving/served_workflow.py",
 )
 
