@@ -56,7 +56,6 @@ WITHOUT_TEST = {
 NOT_NAMED_YET = (
     "apps/bench/cost.py",
     "apps/bench/next_item.py",
-    "apps/bench/plots.py",
     "apps/common/dlrm_model.py",
     "apps/common/dlrm_options.py",
     "apps/common/optimizers.py",
