@@ -59,7 +59,6 @@ NOT_NAMED_YET = (
     "apps/common/dlrm_model.py",
     "apps/common/dlrm_options.py",
     "apps/common/optimizers.py",
-    "apps/common/synthetic.py",
     "apps/dlrm/run.py",
     "apps/next_item/data.py",
     "apps/next_item/run.py",
