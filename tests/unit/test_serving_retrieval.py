@@ -138,6 +138,7 @@ def _top_k_ids(model, candidates, queries):
     return encoder(queries).identifiers.numpy()
 
 
+@pytest.mark.full  # ~80 s; the CI tier serves retrieval by the ensemble test (next-item model)
 def test_a_loaded_two_tower_model_gives_the_trained_models_top_k_and_no_query_model(tmp_path):
     import merlin.models.tf as mm
     from merlin.schema import Tags
