@@ -82,7 +82,6 @@ NOT_NAMED_YET = (
     "outputs/samplers.py",
     "outputs/target_rank.py",
     "persistence/state.py",
-    "rowwise/columns.py",
     "serving/faiss_index.py",
     "serving/loading.py",
     "serving/model_inputs.py",
