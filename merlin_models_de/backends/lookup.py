@@ -49,37 +49,14 @@ def named_gather(var, ids, name, dtype=None):
 
 
 def _gather(var, ids, name):
-    if name is None:
-        return tf.gather(var, ids)
-    if not tf.executing_eagerly():
-        return _gather_first(var, ids, name)
+    if name is None or not tf.executing_eagerly():
+        return tf.gather(var, ids, name=name)
     try:
         return tf.gather(var, ids, name=name)
     except tf.errors.InvalidArgumentError as err:
         raise tf.errors.InvalidArgumentError(
             err.node_def, err.op, f"{err.message} [{name}]"
         ) from None
-
-
-def _gather_first(var, ids, name):
-    """``tf.gather(var, ids, name=name)`` whose gradient's indices wait for it. TF's own
-    gradient carries ``ids`` as they came, so in a graph an optimizer that gathers its slots
-    at them (Adagrad) can run before this gather and fail first on an id outside ``var``,
-    naming its own node; here it runs after, so the error names ``name`` (docs/block.md)."""
-
-    @tf.custom_gradient
-    def lookup(ids):
-        rows = tf.gather(var, ids, name=name)
-
-        def grad(upstream, variables=None):
-            with tf.control_dependencies([rows]):
-                indices = tf.identity(ids)
-            rows_grad = tf.IndexedSlices(upstream, indices, tf.shape(var))
-            return None, [rows_grad for _ in variables or ()]  # none for a frozen table
-
-        return rows, grad
-
-    return lookup(ids)
 
 
 def pooled_lookup(
