@@ -1,10 +1,10 @@
-"""The launch environment (comm.launcher / launch_env / launch_local_rank): what each launcher
+"""The launch environment (launchers.launcher / launch_env / launch_local_rank): what each launcher
 sets, as horovodrun, mpirun, SLURM's srun and MPICH's mpiexec set it, read before TensorFlow or
 Horovod load. tests/commands/test_launchers.py starts real jobs with them."""
 
 import pytest
 
-from merlin_models_de import launchers as comm
+from merlin_models_de import launchers
 
 HOROVODRUN = {"HOROVOD_SIZE": "4", "HOROVOD_RANK": "3", "HOROVOD_LOCAL_SIZE": "2",
               "HOROVOD_LOCAL_RANK": "1"}  # fmt: skip
@@ -40,9 +40,9 @@ SINGLETON = {"OMPI_MCA_ess": "singleton", "PMIX_RANK": "0", "OMPI_MCA_orte_ess_n
     ],
 )
 def test_each_launcher_is_read_from_its_own_variables(env, name, world, local_rank):
-    assert comm.launcher(env) == name
-    assert comm.launch_env(env) == world
-    assert comm.launch_local_rank(env) == local_rank
+    assert launchers.launcher(env) == name
+    assert launchers.launch_env(env) == world
+    assert launchers.launch_local_rank(env) == local_rank
 
 
 @pytest.mark.parametrize(
@@ -59,8 +59,8 @@ def test_each_launcher_is_read_from_its_own_variables(env, name, world, local_ra
     ],
 )
 def test_a_launch_environment_that_contradicts_itself_is_named(env, message):
-    with pytest.raises(comm.LaunchError) as err:
-        comm.launch_env(env)
+    with pytest.raises(launchers.LaunchError) as err:
+        launchers.launch_env(env)
     assert str(err.value) == message
 
 
@@ -73,7 +73,7 @@ def test_a_launch_environment_that_contradicts_itself_is_named(env, message):
     ],
 )
 def test_slurm_host_lists_are_written_out(hostlist, names):
-    assert comm.hostnames(hostlist) == names
+    assert launchers.hostnames(hostlist) == names
 
 
 @pytest.mark.parametrize(
@@ -106,7 +106,7 @@ def test_slurm_host_lists_are_written_out(hostlist, names):
 )
 def test_the_start_line_says_which_node_holds_which_rank(env, where):
     # SLURM names a lost node ("Node failure on h2"): this names its ranks
-    assert comm.placement(env) == where
+    assert launchers.placement(env) == where
 
 
 class _Horovod:
@@ -120,12 +120,12 @@ class _Horovod:
 
 def test_a_host_whose_ranks_horovod_counts_otherwise_is_refused():
     env = dict(SRUN, SLURM_NODEID="1", SLURM_PROCID="3", SLURM_STEP_NODELIST="n[1-3]")
-    assert comm.check_launch(_Horovod(5, 3, 2), env) == (
+    assert launchers.check_launch(_Horovod(5, 3, 2), env) == (
         "merlin_models_de: 5 ranks started by srun (ranks 0-1 on n1, ranks 2-3 on n2, rank 4 "
         "on n3), Horovod over MPI"
     )
-    with pytest.raises(comm.LaunchError) as err:
-        comm.check_launch(_Horovod(5, 3, 1), env)
+    with pytest.raises(launchers.LaunchError) as err:
+        launchers.check_launch(_Horovod(5, 3, 1), env)
     assert str(err.value) == (
         "srun put 2 ranks on this host (SLURM_STEP_TASKS_PER_NODE='2(x2),1'), but Horovod (MPI)"
         " counts 1 on it: each rank's share of the host's memory and cores would be wrong; give"
@@ -135,8 +135,8 @@ def test_a_host_whose_ranks_horovod_counts_otherwise_is_refused():
 
 def test_a_batch_script_gives_horovodrun_the_allocation():
     batch = dict(BATCH_SCRIPT, SLURM_JOB_NODELIST="n[1-3]", SLURM_TASKS_PER_NODE="2(x2),1")
-    assert comm.allocation_hosts(batch) == (5, "n1:2,n2:2,n3:1")
-    assert comm.allocation_hosts(dict(batch, **SRUN)) is None  # a job step: srun placed it
-    assert comm.allocation_hosts({}) is None
-    with pytest.raises(comm.LaunchError, match="names 3 nodes but SLURM_TASKS_PER_NODE='2' "):
-        comm.allocation_hosts(dict(batch, SLURM_TASKS_PER_NODE="2"))
+    assert launchers.allocation_hosts(batch) == (5, "n1:2,n2:2,n3:1")
+    assert launchers.allocation_hosts(dict(batch, **SRUN)) is None  # a job step: srun placed it
+    assert launchers.allocation_hosts({}) is None
+    with pytest.raises(launchers.LaunchError, match="names 3 nodes but SLURM_TASKS_PER_NODE='2' "):
+        launchers.allocation_hosts(dict(batch, SLURM_TASKS_PER_NODE="2"))
