@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.commands.launch import HOROVODRUN
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "user_ranking.py")
@@ -12,6 +14,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "user_ranking.
 ENV = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
 
 
+@pytest.mark.full  # ~35 s: a noise check; the CI tier's commands run the same input pipeline
 def test_a_users_two_rank_script_prints_progress_without_tf_data_noise():
     run = subprocess.run(
         [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo"]

@@ -252,6 +252,7 @@ def test_a_custom_loop_refuses_other_optimizers_on_16_bit_tables():
     tf.function(step)(wide, tf.keras.optimizers.Adam(0.1))  # float32 tables: any optimizer
 
 
+@pytest.mark.full  # ~43 s; the CI tier writes and reads 16-bit checkpoints in test_checkpoint_damage
 def test_trained_16_bit_tables_persist_in_16_bits(tmp_path):
     x, y = data()
     m = model()
