@@ -85,23 +85,7 @@ def loader_dataset(
 
     data = tf.data.Dataset.from_generator(partitions, output_signature=signature)
     data = data.rebatch(batch_size, drop_remainder=drop_last).map(split)
-    data = data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(prefetch)
-    return data.with_options(without_graph_rewrites())
-
-
-def without_graph_rewrites():
-    """``tf.data`` options that skip the default graph rewrites for a pipeline of ours.
-
-    TensorFlow 2.12 rewrites every pipeline when an iterator is made (each ``fit`` epoch,
-    ``evaluate``, ``predict``), and for one holding a tensor (a generator's state, a
-    constant) it first runs a graph with that tensor unfed, logging "Executor start aborting
-    ... You must feed a value for placeholder tensor" (two lines) on every rank. The rewrites
-    (map / batch / shuffle fusion, map parallelization) have nothing to improve in a
-    generator that yields whole batches, so this pipeline (and what ``fit`` builds on it)
-    skips them; a user's own ``with_options`` after it still wins."""
-    options = comm.tf.data.Options()
-    options.experimental_optimization.apply_default_optimizations = False
-    return options
+    return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(prefetch)
 
 
 _said: set = set()
