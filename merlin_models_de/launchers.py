@@ -203,6 +203,15 @@ def _mix(env, horovod) -> str:
     )
 
 
+def _transport_fix(env, horovod) -> str:
+    """Why Horovod did not join the launcher's ranks, as the fix to make."""
+    if not horovod.mpi_built():
+        return "this Horovod has no MPI: build it with HOROVOD_WITH_MPI=1 (README, Installing)"
+    if not horovod.mpi_enabled():
+        return f"HOROVOD_CONTROLLER={env.get('HOROVOD_CONTROLLER')!r} chose Gloo: unset it"
+    return "MPI did not see the other tasks: under SLURM start them with `srun --mpi=pmix`"
+
+
 def check_launch(horovod, env=None) -> str:
     """After Horovod started: the launcher's world must be Horovod's (a task that srun started
     without MPI, or with a Horovod built without MPI, sees a world of 1 and would train alone),
@@ -215,22 +224,16 @@ def check_launch(horovod, env=None) -> str:
     if env.get("HOROVOD_ELASTIC") == "1":  # ranks come and go: Horovod's world is the truth
         return f"merlin_models_de: {horovod.size()} ranks started by {name} (elastic), Gloo"
     if (horovod.size(), horovod.rank()) != (size, rank):
-        if _mix(env, horovod):
-            fix = _mix(env, horovod)
-        elif not horovod.mpi_built():
-            fix = "this Horovod has no MPI: build it with HOROVOD_WITH_MPI=1 (README, Installing)"
-        elif not horovod.mpi_enabled():
-            fix = f"HOROVOD_CONTROLLER={env.get('HOROVOD_CONTROLLER')!r} chose Gloo: unset it"
-        else:
-            fix = "MPI did not see the other tasks: under SLURM start them with `srun --mpi=pmix`"
+        fix = _mix(env, horovod) or _transport_fix(env, horovod)
         raise LaunchError(
             f"{name} started rank {rank} of {size}, but Horovod ({transport}) sees rank "
             f"{horovod.rank()} of {horovod.size()}: {fix}"
         )
+    local_variable = _launch_row(env)[3]
     if name and horovod.local_size() != local:
         raise LaunchError(
-            f"{name} put {local} ranks on this host ({_launch_row(env)[3]}="
-            f"{env.get(_launch_row(env)[3])!r}), but Horovod ({transport}) counts "
+            f"{name} put {local} ranks on this host ({local_variable}="
+            f"{env.get(local_variable)!r}), but Horovod ({transport}) counts "
             f"{horovod.local_size()} on it: each rank's share of the host's memory and cores "
             "would be wrong; give every task of a node the same host name"
         )

@@ -12,6 +12,8 @@ import os
 import socket
 import time
 
+from merlin_models_de.runtime.processes import pid_namespace, process_stat
+
 _JOB_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
 
 
@@ -21,7 +23,7 @@ def this_holder(token: str) -> dict:
     return {
         "host": socket.gethostname(),
         "boot": _boot_id(),
-        "pid_ns": _pid_namespace(),
+        "pid_ns": pid_namespace(),
         "pid": pid,
         "pid_start": process_start(pid)[1],
         "launch": _launch_id(),
@@ -54,14 +56,6 @@ def _boot_id() -> str | None:
         return None
 
 
-def _pid_namespace() -> str | None:
-    """This process's PID namespace (``pid:[<inode>]``): a pid means something only in it."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
 def boot_time() -> float | None:
     """When this host booted (seconds since the epoch, ``btime`` of ``/proc/stat``)."""
     try:
@@ -75,16 +69,12 @@ def process_start(pid) -> tuple[bool, int | None]:
     """``(runs, start)`` of process ``pid`` on this host: whether it runs (a zombie does not)
     and its start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), None where
     the system does not say."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
-        return fields[0] != "Z", int(fields[19])
-    except FileNotFoundError:
-        if os.path.exists("/proc/self/stat"):
-            return False, None
-    except (OSError, ValueError, IndexError, TypeError, OverflowError):
-        pass
-    return _alive(pid), None
+    state, start = process_stat(pid)
+    if state is None:
+        return False, None
+    if state == "?":  # /proc does not say: ask the kernel whether the pid exists
+        return _alive(pid), None
+    return state != "Z", start
 
 
 def _alive(pid) -> bool:

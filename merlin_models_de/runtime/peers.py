@@ -28,6 +28,7 @@ import re
 import socket
 
 from merlin_models_de import comm
+from merlin_models_de.runtime.processes import pid_namespace, process_stat
 
 # Horovod's text for every op after its background loop ended (a transport error or timeout)
 SHUT_DOWN = "Horovod has been shut down"
@@ -47,29 +48,12 @@ _world: list = []
 def identity() -> tuple:
     """This process as its peers can find it: ``(host, PID namespace, pid, start time)``."""
     pid = os.getpid()
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")  # a pid means something only in it
-    except OSError:
-        namespace = None
-    return socket.gethostname(), namespace, pid, _process(pid)[1]
+    return socket.gethostname(), pid_namespace(), pid, process_stat(pid)[1]
 
 
 def remember(identities: list) -> None:
     """Keeps every rank's :func:`identity` (rank order), as the last host exchange gave them."""
     _world[:] = list(identities)
-
-
-def _process(pid) -> tuple[str | None, int | None]:
-    """``(state, start time in ticks)`` of a process on this host; ``(None, None)`` when it
-    is gone, ``("?", None)`` where ``/proc`` does not say."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
-        return fields[0], int(fields[19])
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError, IndexError):
-        return "?", None
 
 
 def _state_of(peer: tuple) -> str | None:
@@ -79,7 +63,7 @@ def _state_of(peer: tuple) -> str | None:
     here = identity()
     if (host, namespace) != here[:2] or namespace is None:
         return None
-    state, started = _process(pid)
+    state, started = process_stat(pid)
     if state is None or (start is not None and started not in (None, start)):
         return "has exited"  # gone, or its pid now belongs to another process
     return _SILENT_STATES.get(state, "")
