@@ -57,7 +57,7 @@ def pytest_runtest_logreport(report):
 @pytest.fixture(scope="session")
 def synthetic_schema():
     """Merlin's synthetic schema by name, loaded once per session."""
-    from merlin_models_de.schemas import synthetic_schema as load
+    from merlin_models_de.apps.common.schemas import synthetic_schema as load
 
     cache = {}
 

@@ -31,6 +31,6 @@ def synthetic(name, rows, max_id=999):
     """A Merlin synthetic dataset with capped cardinalities."""
     from merlin.datasets.synthetic import generate_data
 
-    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.apps.common.schemas import synthetic_schema
 
     return generate_data(capped_schema(synthetic_schema(name), max_id), rows)

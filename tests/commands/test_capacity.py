@@ -7,9 +7,9 @@ import psutil
 import pytest
 
 from merlin_models_de.apps.bench import capacity
+from merlin_models_de.apps.common.schemas import synthetic_schema
 from merlin_models_de.apps.common.synthetic import capped_schema
 from merlin_models_de.planner.memory import replicated_peak_bytes
-from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import tables_from_schema
 
 

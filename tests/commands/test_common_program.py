@@ -59,7 +59,7 @@ def _empty_parquet_dir(directory, schema_name="criteo"):
     import pandas as pd
     from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
 
-    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.apps.common.schemas import synthetic_schema
 
     schema = synthetic_schema(schema_name)
     directory.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,7 @@ def test_train_dir_without_schema_is_refused(tmp_path, capsys):
 def test_a_train_dir_with_a_schema_only_exits_2_naming_it(tmp_path, capsys):
     from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
 
-    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.apps.common.schemas import synthetic_schema
 
     schema = synthetic_schema("criteo")
     TensorflowMetadata.from_merlin_schema(schema).to_proto_text_file(str(tmp_path))
@@ -152,7 +152,7 @@ def test_a_train_dir_with_a_schema_only_exits_2_naming_it(tmp_path, capsys):
 
 
 def test_synthetic_rows_do_not_depend_on_world_size():
-    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.apps.common.schemas import synthetic_schema
 
     schema = synthetic_schema("criteo")
     assert rank_rows(10, per_rank=2, world_size=2, rank=1) == [(2, 4), (6, 8)]
@@ -409,8 +409,8 @@ def test_resume_after_a_mid_epoch_kill_trains_each_batch_once(tmp_path):
 def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     from merlin.io import Dataset
 
+    from merlin_models_de.apps.common.schemas import synthetic_schema
     from merlin_models_de.apps.common.synthetic import capped_schema, make_rows
-    from merlin_models_de.schemas import synthetic_schema
 
     schema = capped_schema(synthetic_schema("criteo"), 1000)
     import pandas as pd

@@ -16,9 +16,9 @@ from merlin.schema import Tags  # noqa: E402
 from nvtabular import ops  # noqa: E402
 
 from merlin_models_de.apps.common import row_hashing  # noqa: E402
+from merlin_models_de.apps.common.schemas import load_schema  # noqa: E402
 from merlin_models_de.apps.dlrm.__main__ import main as dlrm_main  # noqa: E402
 from merlin_models_de.apps.next_item.__main__ import main as next_item_main  # noqa: E402
-from merlin_models_de.schemas import load_schema  # noqa: E402
 from merlin_models_de.serving.hashing import ValueCategorify, ValueHashBucket  # noqa: E402
 
 ROWS = 48

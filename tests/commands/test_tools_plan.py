@@ -100,9 +100,9 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
     whole = [t for l in ranks for t in l.split(": ")[1].split(", ") if "(" not in t]
     assert "C6 4x16" in whole and len(whole) == 26 - 5  # 5 tables above 2**24 are sliced
     # the memory model (planner.memory): runtime + each rank's tables with their Adagrad slots
+    from merlin_models_de.apps.common.schemas import synthetic_schema
     from merlin_models_de.planner import plan as make_plan
     from merlin_models_de.planner.memory import plan_peak_bytes
-    from merlin_models_de.schemas import synthetic_schema
     from merlin_models_de.tables import human_bytes, tables_from_schema
 
     placed = make_plan(
@@ -121,8 +121,8 @@ def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
 
 
 def test_each_rank_prints_its_predicted_step_and_memory():
+    from merlin_models_de.apps.common.schemas import synthetic_schema
     from merlin_models_de.planner.work import rank_times
-    from merlin_models_de.schemas import synthetic_schema
     from merlin_models_de.tables import human_bytes, tables_from_schema
 
     out = run(

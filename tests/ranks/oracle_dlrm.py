@@ -8,7 +8,7 @@ SCHEMA_ROWS = 999
 
 
 def schema():
-    from merlin_models_de.schemas import synthetic_schema
+    from merlin_models_de.apps.common.schemas import synthetic_schema
     from tests.schemas import capped_schema
 
     return capped_schema(synthetic_schema("criteo"), SCHEMA_ROWS)

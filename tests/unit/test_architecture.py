@@ -23,7 +23,7 @@ HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat", f"{PACKAGE}.compat.
 # from `launchers`, one of them); the package's __init__
 # (the public API) sits above everything.
 LAYERS = [
-    {"tables", "schemas", "variables", "launchers", "rounding", "scatter"},
+    {"tables", "variables", "launchers", "rounding", "scatter"},
     {"comm"},
     {"compat"},
     {"runtime"},
@@ -41,7 +41,6 @@ LAYERS = [
 ROOT_MODULES = {
     "__init__",
     "tables",
-    "schemas",
     "variables",
     "launchers",
     "comm",

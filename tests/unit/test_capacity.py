@@ -8,6 +8,7 @@ import pytest
 
 from merlin_models_de.apps.bench import capacity
 from merlin_models_de.apps.bench.plots import bench_png, capacity_png
+from merlin_models_de.apps.common.schemas import synthetic_schema
 from merlin_models_de.apps.common.synthetic import capped_schema
 from merlin_models_de.planner import plan
 from merlin_models_de.planner.memory import (
@@ -19,7 +20,6 @@ from merlin_models_de.planner.memory import (
     rank_peak_bytes,
     replicated_peak_bytes,
 )
-from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import FeatureSpec, TableSpec, tables_from_schema
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ every table / slice on the same rank as our planner. Skips where DE does not imp
 import pytest
 
 from merlin_models_de import make_plan
+from merlin_models_de.apps.common.schemas import synthetic_schema
 from merlin_models_de.backends.registry import is_importable
-from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import tables_from_schema
 
 pytestmark = pytest.mark.skipif(

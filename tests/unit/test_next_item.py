@@ -214,8 +214,8 @@ def _item(name, max_id=99, is_list=True, domain=True):
 
 
 def test_the_item_column_is_the_one_item_id_list_column_and_its_domain_the_catalog(tmp_path):
+    from merlin_models_de.apps.common.schemas import load_schema
     from merlin_models_de.apps.next_item.data import item_sequence_column
-    from merlin_models_de.schemas import load_schema
 
     def column(name, *cols):
         path = _schema_dir(tmp_path / name, cols)

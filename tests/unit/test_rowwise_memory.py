@@ -8,6 +8,7 @@ import tensorflow as tf
 from merlin.schema import Schema
 
 from merlin_models_de import DistributedEmbeddings, RowWiseAdagrad
+from merlin_models_de.apps.common.schemas import synthetic_schema
 from merlin_models_de.apps.tools.plan import busiest_elements, main, smallest_world_size
 from merlin_models_de.merlin.optimizers import slot_copies
 from merlin_models_de.planner import optimizer_slots, plan, row_slots
@@ -18,7 +19,6 @@ from merlin_models_de.planner.memory import (
     rank_peak_bytes,
     replicated_peak_bytes,
 )
-from merlin_models_de.schemas import synthetic_schema
 from merlin_models_de.tables import FeatureSpec, TableSpec, human_bytes, tables_from_schema
 from tests.schemas import cat
 

@@ -1,11 +1,15 @@
-"""Loading a Merlin schema (schemas.py): from a file, a dataset directory, or a synthetic
+"""Loading a Merlin schema (apps/common/schemas.py): from a file, a dataset directory, or a synthetic
 dataset's name; every failure one ValueError naming the file, directory or name."""
 
 import pytest
 from merlin.schema import ColumnSchema, Schema, Tags
 from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
 
-from merlin_models_de.schemas import check_synthetic_name, load_schema, synthetic_dataset_names
+from merlin_models_de.apps.common.schemas import (
+    check_synthetic_name,
+    load_schema,
+    synthetic_dataset_names,
+)
 
 SCHEMA = Schema([ColumnSchema("user", dtype="int64", tags=[Tags.CATEGORICAL])])
 

@@ -85,10 +85,10 @@ def configurations(names: str, np_: int, optimizer: str = "adagrad") -> list[dic
 
 def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     """The plan's predicted peak bytes of each rank for ``config`` at ``scale``."""
+    from merlin_models_de.apps.common.schemas import synthetic_schema
     from merlin_models_de.apps.common.synthetic import capped_schema
     from merlin_models_de.planner import plan
     from merlin_models_de.planner.memory import plan_peak_bytes, replicated_peak_bytes
-    from merlin_models_de.schemas import synthetic_schema
     from merlin_models_de.tables import narrow_table_bytes, tables_from_schema
 
     tables = tables_from_schema(

@@ -168,7 +168,7 @@ def main(argv=None) -> int:
         _check(args)
         links = [get_link(name.strip()) for name in args.links.split(",") if name.strip()]
         parse_hotness(args.hotness)  # a bad value fails before the schema loads
-        from merlin_models_de.schemas import load_schema
+        from merlin_models_de.apps.common.schemas import load_schema
         from merlin_models_de.tables import tables_from_schema
 
         schema = load_schema(args.dataset)

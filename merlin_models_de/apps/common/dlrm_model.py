@@ -16,9 +16,9 @@ def datasets_for(args, size, rank):
     import merlin.models.tf as mm
     from merlin.io import Dataset
 
+    from merlin_models_de.apps.common.schemas import load_schema, synthetic_schema
     from merlin_models_de.apps.common.synthetic import capped_schema, rank_dataset
     from merlin_models_de.merlin.input import loader_dataset
-    from merlin_models_de.schemas import load_schema, synthetic_schema
 
     def batches(ds, **local):
         if args.input == "tf.data" and not any(c.is_list for c in ds.schema):

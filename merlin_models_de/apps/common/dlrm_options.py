@@ -24,11 +24,11 @@ from merlin_models_de.apps.common.options import (
 )
 from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.apps.common.row_hashing import add_hashing_option
+from merlin_models_de.apps.common.schemas import synthetic_dataset_names
 from merlin_models_de.backends.options import EXCHANGE_DTYPES
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import STRATEGIES, validate_options
 from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
-from merlin_models_de.schemas import synthetic_dataset_names
 from merlin_models_de.tables import TABLE_DTYPES, narrow_table_bytes
 
 MODULE = "merlin_models_de.apps.dlrm"

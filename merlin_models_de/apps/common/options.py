@@ -24,9 +24,9 @@ import time
 
 from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.huge_pages import relaunch_on_huge_pages
+from merlin_models_de.apps.common.schemas import SCHEMA_FILES, schema_file_in
 from merlin_models_de.backends.memory import available_bytes
 from merlin_models_de.launchers import launch_env
-from merlin_models_de.schemas import SCHEMA_FILES, schema_file_in
 
 EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
 # the DLRM command's speed bound (common/optimizers.optimizer_for), not a valid training

@@ -55,7 +55,7 @@ def row_hashing_problem(args, names=None) -> str | None:
     the schemas (which loads TensorFlow: call after the checks of the options)."""
     if args.hashed_on_gpu:
         return None
-    from merlin_models_de.schemas import load_schema
+    from merlin_models_de.apps.common.schemas import load_schema
 
     for flag, path in (("--train-dir", args.train_dir), ("--valid-dir", args.valid_dir)):
         try:

@@ -277,8 +277,8 @@ def resolve_dataset(args) -> str | None:
     args.item_column = ITEM
     if not args.train_dir:
         return None
+    from merlin_models_de.apps.common.schemas import load_schema
     from merlin_models_de.apps.next_item.data import item_sequence_column
-    from merlin_models_de.schemas import load_schema
 
     try:
         args.item_column, args.items = item_sequence_column(

@@ -97,7 +97,7 @@ def parquet_data(args, size, rank):
     from merlin_models_de.apps.next_item.data import item_model_schema
 
     del rank  # the Loader finds it (below)
-    from merlin_models_de.schemas import load_schema
+    from merlin_models_de.apps.common.schemas import load_schema
 
     def loader(path):
         schema = item_model_schema(load_schema(path), args.item_column)

@@ -26,6 +26,7 @@ from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.hotness import parse_hotness, resolve_hotness
 from merlin_models_de.apps.common.options import parse_bytes
 from merlin_models_de.apps.common.program import program_name
+from merlin_models_de.apps.common.schemas import load_schema
 from merlin_models_de.apps.tools.fit import (  # noqa: F401 (the command's API)
     MAX_PLANS,
     MAX_WORLD_SIZE,
@@ -44,7 +45,6 @@ from merlin_models_de.planner.cost import LINKS
 from merlin_models_de.planner.hotness import DEFAULT_MULTI_HOT
 from merlin_models_de.planner.memory import plan_peak_bytes
 from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, rank_times
-from merlin_models_de.schemas import load_schema
 from merlin_models_de.tables import (
     TABLE_DTYPES,
     human_bytes,
