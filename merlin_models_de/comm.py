@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import os
@@ -30,11 +32,13 @@ class _LazyTF:
 
 tf = _LazyTF()
 
-_SINGLE = []  # non-empty while single_process() is active
-_HOROVOD_THREADS: list[int] = []  # OS ids of the threads Horovod's init started here
+# inside single_process(): this context acts as world size 1 (a context variable, so the
+# override belongs to the code inside the ``with`` and ends with it)
+_SINGLE: contextvars.ContextVar[bool] = contextvars.ContextVar("mmde_single_process", default=False)
 
 
-class single_process:  # noqa: N801 (a context manager used like a function)
+@contextlib.contextmanager
+def single_process():
     """Context manager: inside it this process acts as world size 1 (no collectives).
 
     Used to build a plain single-process copy of a model, e.g. to export it for serving.
@@ -44,19 +48,16 @@ class single_process:  # noqa: N801 (a context manager used like a function)
         ...     size()
         1
     """
-
-    def __enter__(self):
-        _SINGLE.append(True)
-        return self
-
-    def __exit__(self, *exc):
-        _SINGLE.pop()
-        return False
+    token = _SINGLE.set(True)
+    try:
+        yield
+    finally:
+        _SINGLE.reset(token)
 
 
 def overridden() -> bool:
-    """True inside :class:`single_process`."""
-    return bool(_SINGLE)
+    """True inside :func:`single_process`."""
+    return _SINGLE.get()
 
 
 def _launched() -> bool:
@@ -69,7 +70,7 @@ def hvd(defaults=None):
     ``defaults``: Horovod's environment variables (name -> value) to start it with where it
     starts here and the user has not set them; Horovod reads them once, at its start.
     """
-    if _SINGLE:
+    if _SINGLE.get():
         return None
     if not _launched():
         try:
@@ -82,9 +83,7 @@ def hvd(defaults=None):
     if not h.is_initialized():
         for name, value in (defaults or {}).items():
             os.environ.setdefault(name, value)
-        before = _thread_ids()
-        h.init()  # returns once its loop and transport threads run
-        _HOROVOD_THREADS[:] = sorted(_thread_ids() - before)
+        _start()
     _announce_launch(h)
     return h
 
@@ -98,6 +97,17 @@ def _announce_launch(horovod) -> None:
         print(started, file=sys.stderr, flush=True)
 
 
+@functools.cache  # once a process: the threads started are Horovod's for the process's life
+def _start() -> tuple[int, ...]:
+    """Initializes Horovod here; the OS ids of the threads its init started (it returns once
+    its loop and transport threads run)."""
+    import horovod.tensorflow as h
+
+    before = _thread_ids()
+    h.init()
+    return tuple(sorted(_thread_ids() - before))
+
+
 def _thread_ids() -> set[int]:
     try:
         return {int(t) for t in os.listdir("/proc/self/task")}
@@ -108,7 +118,8 @@ def _thread_ids() -> set[int]:
 def horovod_threads() -> tuple[int, ...]:
     """OS ids of the threads Horovod started in this process (its coordination loop and its
     transport's), known where :func:`hvd` initialized Horovod on Linux; empty otherwise."""
-    return tuple(_HOROVOD_THREADS)
+    started_here = _start.cache_info().currsize > 0  # never start Horovod from here
+    return _start() if started_here else ()
 
 
 def size() -> int:
@@ -278,60 +289,3 @@ def broadcast_variables(variables, root_rank=0) -> None:
     h = hvd()
     if h is not None and h.size() > 1 and variables:
         h.broadcast_variables(list(variables), root_rank=root_rank)
-
-
-def distributed_tape(tape, local_variables, **kwargs):
-    """Horovod's ``DistributedGradientTape`` around ``tape`` with ``local_variables``
-    registered (their gradients are divided by the world size, never allreduced), asking
-    for generic allreduce names. ``tape`` itself on one rank.
-
-    Horovod names each allreduce after its gradient tensor by default; in graph mode ranks
-    whose graphs differ (they hold different shards) would derive different names and wait
-    for each other forever. Generic names count only the allreduced gradients, which are
-    the same on every rank.
-    """
-    h = hvd()
-    if h is None or h.size() == 1:
-        return tape
-    # sparse_as_dense: the only global IndexedSlices gradients are those of data-parallel
-    # tables (small by definition); Horovod would allgather them under tensor-derived names.
-    kwargs.setdefault("sparse_as_dense", True)
-    # local gradients are divided by the world size here (as compat.horovod's optimizer
-    # does): Horovod 0.28.1's own scaling divides a float gradient by an int32 size tensor
-    # under elastic (a TypeError in every custom loop of an elastic job)
-    wrapped = h.DistributedGradientTape(tape, scale_local_gradients=False, **kwargs)
-    local_variables = list(local_variables)
-    for var in local_variables:
-        wrapped.register_local_source(var)
-    return _GenericNamesTape(wrapped, local_variables, h.size())
-
-
-class _GenericNamesTape:
-    """Horovod's tape, asked for generic allreduce names (``grad_0``, ...), the local
-    sources' gradients divided by the world size."""
-
-    def __init__(self, tape, local_variables, size: int):
-        self._tape = tape
-        self._local = {var.ref() for var in local_variables}
-        self._size = float(size)
-
-    def gradient(self, target, sources, output_gradients=None):
-        """Like ``tf.GradientTape.gradient``, with local and global gradients handled."""
-        grads = self._tape.gradient(target, sources, output_gradients, use_generic_names=True)
-        return tf.nest.map_structure(self._scaled, sources, grads)
-
-    def _scaled(self, source, grad):
-        if grad is None or not hasattr(source, "ref") or source.ref() not in self._local:
-            return grad
-        return divided(grad, self._size)
-
-    def __getattr__(self, attr):
-        return getattr(self._tape, attr)
-
-
-def divided(grad, size: float):
-    """A local (shard) gradient divided by the world size, dense or ``IndexedSlices``: what
-    Horovod's ``scale_local_gradients`` does, done here (see :func:`distributed_tape`)."""
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
-    return grad / size

@@ -1,5 +1,6 @@
 """Horovod's private API: the allreduce of one ``hvd.DistributedOptimizer`` instance, the
-elastic retry loop (its reset and run function), and the address its services bind."""
+elastic retry loop (its reset and run function), and the address its services bind; and the
+local gradients' scaling Horovod 0.28.1 gets wrong under elastic, done here."""
 
 from __future__ import annotations
 
@@ -87,13 +88,26 @@ def distributed_optimizer(optimizer, is_local, prefix="mmde_grad", merged=None):
         rest = allreduce([None if done else g for g, done in zip(grads, averaged)], variables)
         size = float(comm.size())
         return [
-            g if done else comm.divided(r, size) if mine and r is not None else r
+            g if done else scaled_local_gradient(r, size) if mine and r is not None else r
             for g, r, done, mine in zip(grads, rest, averaged, local)
         ]
 
     replace(_ALLREDUCE_GRADS, wrapped, lambda original: generic_names)
     replace(_ALLREDUCE, wrapped, lambda original: register_then_allreduce)
     return wrapped
+
+
+def scaled_local_gradient(grad, size: float):
+    """A local (shard) gradient divided by the world size, dense or ``IndexedSlices``: what
+    Horovod's ``scale_local_gradients`` does, done here for the optimizer above, the
+    custom loops' tape (``merlin/training.py``) and ``mm.MultiOptimizer``
+    (``merlin/optimizers.py``): Horovod 0.28.1's own divides a float gradient by an int32
+    size tensor under elastic (a TypeError)."""
+    import tensorflow as tf
+
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
 
 
 def is_horovod_optimizer(optimizer) -> bool:

@@ -145,7 +145,7 @@ def average_over_ranks(grads_and_vars, prefix: str = "mmde_grad_multi") -> list:
         out[i] = (grad, pairs[i][1])
     for i, (grad, var) in enumerate(pairs):
         if grad is not None and is_local(var):
-            out[i] = (comm.divided(grad, float(n)), var)
+            out[i] = (horovod_compat.scaled_local_gradient(grad, float(n)), var)
     return out
 
 

@@ -16,7 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 from merlin_models_de import comm
+from merlin_models_de.compat.horovod import scaled_local_gradient
 from merlin_models_de.variables import (
     is_local,
     local_variables,
@@ -37,9 +40,50 @@ def DistributedGradientTape(tape, model, **kwargs):  # noqa: N802 (Horovod's nam
     Returns:
         ``tape`` itself in a single process; otherwise Horovod's distributed tape with the
         local variables registered (their gradients are divided by the world size, never
-        allreduced).
+        allreduced), asking for generic allreduce names.
+
+    Horovod names each allreduce after its gradient tensor by default; in graph mode ranks
+    whose graphs differ (they hold different shards) would derive different names and wait
+    for each other forever. Generic names count only the allreduced gradients, which are
+    the same on every rank.
     """
-    return comm.distributed_tape(tape, local_variables(model), **kwargs)
+    h = comm.hvd()
+    if h is None or h.size() == 1:
+        return tape
+    # sparse_as_dense: the only global IndexedSlices gradients are those of data-parallel
+    # tables (small by definition); Horovod would allgather them under tensor-derived names.
+    kwargs.setdefault("sparse_as_dense", True)
+    # local gradients are divided by the world size here (as compat.horovod's optimizer
+    # does): Horovod 0.28.1's own scaling divides a float gradient by an int32 size tensor
+    # under elastic (a TypeError in every custom loop of an elastic job)
+    wrapped = h.DistributedGradientTape(tape, scale_local_gradients=False, **kwargs)
+    local = local_variables(model)
+    for var in local:
+        wrapped.register_local_source(var)
+    return _GenericNamesTape(wrapped, local, h.size())
+
+
+class _GenericNamesTape:
+    """Horovod's tape, asked for generic allreduce names (``grad_0``, ...), the local
+    sources' gradients divided by the world size."""
+
+    def __init__(self, tape, local, size: int):
+        self._tape = tape
+        self._local = {var.ref() for var in local}
+        self._size = float(size)
+
+    def gradient(self, target, sources, output_gradients=None):
+        """Like ``tf.GradientTape.gradient``, with local and global gradients handled."""
+        grads = self._tape.gradient(target, sources, output_gradients, use_generic_names=True)
+        return tf.nest.map_structure(self._scaled, sources, grads)
+
+    def _scaled(self, source, grad):
+        if grad is None or not hasattr(source, "ref") or source.ref() not in self._local:
+            return grad
+        return scaled_local_gradient(grad, self._size)
+
+    def __getattr__(self, attr):
+        return getattr(self._tape, attr)
 
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:
