@@ -72,7 +72,7 @@ def test_schema_file_and_dataset_directory(tmp_path, synthetic_schema):
 
 
 def test_defaults_are_the_dlrm_commands_and_each_rank_lists_its_slices():
-    from merlin_models_de.apps.common import dlrm_options
+    from merlin_models_de.apps.dlrm import options as dlrm_options
     from merlin_models_de.apps.tools.plan import _parser
 
     ours, theirs = _parser().parse_args(["criteo"]), dlrm_options.parser().parse_args([])

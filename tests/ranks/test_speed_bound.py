@@ -18,8 +18,8 @@ def _one_step(args, schema, x, y, initial, average_tables: bool):
     """The DLRM command's model after one step (Keras' train function, no callbacks: Merlin's
     fit would broadcast rank 0's weights after it) from the weights ``initial``;
     ``average_tables``: the reference, the same wrapper averaging every gradient."""
-    from merlin_models_de.apps.common.dlrm_model import model_for
     from merlin_models_de.apps.common.optimizers import optimizer_for
+    from merlin_models_de.apps.dlrm.model import model_for
     from merlin_models_de.compat.horovod import distributed_optimizer
 
     model, emb = model_for(args, schema)
@@ -44,8 +44,8 @@ def test_local_tables_train_each_rank_alone_and_average_only_the_dense_gradients
     every rank's table copy moved by its own rows only (the copies' moves add up to the
     averaged step's, the local gradients being divided by the world size), and the step's
     only collective is the dense average."""
-    from merlin_models_de.apps.common import dlrm_options
-    from merlin_models_de.apps.common.dlrm_model import model_for
+    from merlin_models_de.apps.dlrm import options as dlrm_options
+    from merlin_models_de.apps.dlrm.model import model_for
 
     args = dlrm_options.parser().parse_args(
         [

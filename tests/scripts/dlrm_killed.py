@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 def main(argv):
     import tensorflow as tf
 
-    from merlin_models_de.apps.common import dlrm_options
+    from merlin_models_de.apps.dlrm import options as dlrm_options
     from merlin_models_de.apps.dlrm.run import run
 
     step = int(argv[0])

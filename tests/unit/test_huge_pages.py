@@ -53,7 +53,7 @@ def test_the_kernel_mode_is_the_bracketed_word(tmp_path):
 FRONT_DOOR = (
     "import os, sys\n"
     "print('started', os.getpid(), os.environ.get('GLIBC_TUNABLES'), flush=True)\n"
-    "from merlin_models_de.apps.common.dlrm_options import check_host, check_options, parser\n"
+    "from merlin_models_de.apps.dlrm.options import check_host, check_options, parser\n"
     "from merlin_models_de.apps.common.options import checked_arguments\n"
     "args = checked_arguments(parser(), None, check_options, check_host)\n"
     "print('checked', os.getpid(), os.environ.get('GLIBC_TUNABLES'), flush=True)\n"

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import yaml
 
-from merlin_models_de.apps.common import dlrm_options
+from merlin_models_de.apps.dlrm import options as dlrm_options
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
 

@@ -56,9 +56,9 @@ WITHOUT_TEST = {
 NOT_NAMED_YET = (
     "apps/bench/cost.py",
     "apps/bench/next_item.py",
-    "apps/common/dlrm_model.py",
-    "apps/common/dlrm_options.py",
     "apps/common/optimizers.py",
+    "apps/dlrm/model.py",
+    "apps/dlrm/options.py",
     "apps/dlrm/run.py",
     "apps/next_item/data.py",
     "apps/next_item/run.py",

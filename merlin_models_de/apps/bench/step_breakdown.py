@@ -58,8 +58,8 @@ EXCHANGES = (
 
 
 def _parser():
-    from merlin_models_de.apps.common.dlrm_options import parser
     from merlin_models_de.apps.common.program import program_name
+    from merlin_models_de.apps.dlrm.options import parser
 
     ap = parser(program_name("merlin_models_de.apps.bench.step_breakdown"), __doc__)
     ap.add_argument("--part", choices=PARTS, default="distributed")
@@ -89,7 +89,7 @@ def _batch(args, batches: int = 1):
     (``--input``), its first batch: features, targets); the iterator holds ``batches`` more
     (the ids are those of a run, only fewer rows are made)."""
     from merlin_models_de import comm
-    from merlin_models_de.apps.common.dlrm_model import datasets_for
+    from merlin_models_de.apps.dlrm.model import datasets_for
 
     args.valid_rows = 0
     args.rows = args.batch_size * comm.size() * (batches + 2)
@@ -106,8 +106,8 @@ def _built(args, schema):
     import tensorflow as tf
 
     from merlin_models_de import comm
-    from merlin_models_de.apps.common.dlrm_model import metrics, model_for
     from merlin_models_de.apps.common.optimizers import optimizer_for
+    from merlin_models_de.apps.dlrm.model import metrics, model_for
     from merlin_models_de.persistence.export import sample_batch
 
     tf.keras.utils.set_random_seed(args.seed + comm.rank())
@@ -358,8 +358,8 @@ def markdown(title: str, b: dict) -> str:
 def main(argv=None) -> int:
     """Entry point; writes the report (``--report``) from rank 0."""
     from merlin_models_de import comm, launchers
-    from merlin_models_de.apps.common.dlrm_options import check_host, check_options
     from merlin_models_de.apps.common.options import checked_arguments
+    from merlin_models_de.apps.dlrm.options import check_host, check_options
 
     args = checked_arguments(_parser(), argv, check_options, check_host)
     if args is None:

@@ -23,9 +23,9 @@ last trained batch, so every batch is trained once.
 import sys
 import time
 
-from merlin_models_de.apps.common.dlrm_options import check_host, check_options, parser
 from merlin_models_de.apps.common.options import checked_arguments, report_problem
 from merlin_models_de.apps.common.row_hashing import row_hashing_problem
+from merlin_models_de.apps.dlrm.options import check_host, check_options, parser
 
 STARTED = time.perf_counter()
 

@@ -7,9 +7,9 @@ import tensorflow as tf
 
 from merlin_models_de import comm
 from merlin_models_de.apps.common.cores import configure_threads
-from merlin_models_de.apps.common.dlrm_model import datasets_for, metrics, model_for
 from merlin_models_de.apps.common.elastic_training import train_elastically, write_elastic_report
 from merlin_models_de.apps.common.optimizers import optimizer_for
+from merlin_models_de.apps.dlrm.model import datasets_for, metrics, model_for
 
 
 def _built(args):

@@ -10,10 +10,10 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.apps.common.checkpoints import checkpoint_callback, restore_for
 from merlin_models_de.apps.common.cores import configure_threads
-from merlin_models_de.apps.common.dlrm_model import datasets_for, metrics, model_for
 from merlin_models_de.apps.common.epochs import epoch_batches, equal_steps_for, rest_of_epoch
 from merlin_models_de.apps.common.optimizers import optimizer_for
 from merlin_models_de.apps.common.reports import write_report
+from merlin_models_de.apps.dlrm.model import datasets_for, metrics, model_for
 
 
 def run(args, started: float, callbacks=()) -> dict:
@@ -21,7 +21,7 @@ def run(args, started: float, callbacks=()) -> dict:
 
     Args:
         args: The parsed and checked options
-            (:func:`~merlin_models_de.apps.common.dlrm_options.parser`).
+            (:func:`~merlin_models_de.apps.dlrm.options.parser`).
         started: ``time.perf_counter()`` at process start (the report times phases from it).
         callbacks: Extra Keras callbacks, run after the report and the checkpoint ones.
     """

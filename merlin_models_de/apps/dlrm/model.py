@@ -1,4 +1,4 @@
-"""The DLRM model and its input as the DLRM options say (:mod:`.dlrm_options`): built by the
+"""The DLRM model and its input as the DLRM options say (:mod:`.options`): built by the
 command's run, its elastic run and the bench's step breakdown alike."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The DLRM command's options and their checks (no TensorFlow, no Horovod here).
 
-The command (``python -m merlin_models_de.apps.dlrm``) and the bench's step breakdown (which
-times one step of the same model) parse the same options, so they live here, beside neither.
+The command (``python -m merlin_models_de.apps.dlrm``) parses them, and so does the bench's
+step breakdown, which times one step of the same model (the bench may import the command it
+measures; the command never imports the bench).
 """
 
 from __future__ import annotations
