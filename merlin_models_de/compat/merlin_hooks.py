@@ -1,10 +1,12 @@
 """Merlin Models' model and output classes patched (each through :mod:`.registry`): the hooks
-of ``BaseModel``'s methods, the tied-output translation, the top-k encoder hook, and
+of ``BaseModel``'s methods (and, on several ranks, transformer inputs padded as one
+process pads them), the tied-output translation, the top-k encoder hook, and
 ``mm.DistributedEmbeddings`` served lazily by ``merlin.models.tf``."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import inspect
@@ -96,6 +98,19 @@ _OUTPUT_INITS = {
         ("contrastive", "ContrastiveOutput"),
     )
 }
+_TRANSFORMER_INPUTS = declare(
+    "merlin.models.tf.transformers.transforms.PrepareTransformerInputs.call",
+    change="in fit / evaluate / predict of a model with the block on several ranks, pads "
+    "ragged sequences to the longest sequence of every rank's batch (one allgather); "
+    "otherwise Merlin's own.",
+    why="Merlin gives the transformer no attention mask, so a sequence's outputs depend on "
+    "how far its batch is padded: one process pads the global batch to its longest sequence.",
+    library="merlin-models",
+)
+# set inside fit / evaluate / predict of a model with the block on several ranks
+_ACROSS_RANKS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mmde_across_ranks", default=False
+)
 _TOP_K = declare(
     f"{_BASE}.RetrievalModelV2.to_top_k_encoder",
     change="without a candidate dataset, on an output tied to a sharded table, scores the "
@@ -174,6 +189,7 @@ def install_merlin_hooks(hooks) -> None:
     replace(_FIT, model, lambda original: _fit(original, hooks, stepped))
     replace(_PREDICT, model, lambda original: _predict(original, hooks))
     replace(_CALLBACKS, model, lambda original: _callbacks(original, hooks))
+    _install_global_padding()
     for name, patch in _SAVES.items():
         replace(patch, getattr(merlin_base, name), lambda original: _wrapped_save(original, hooks))
     for name, patch in _FROM_CONFIGS.items():
@@ -203,21 +219,23 @@ def _evaluate(original, hooks):
             hooks.check_inputs(self, "evaluate", {"x": x})
             return original(self, x, *args, **kwargs)
         x, args, kwargs = _loaders_first(original, hooks, "evaluate", self, x, args, kwargs)
-        return hooks.evaluate(original, self, x, *args, **kwargs)
+        with _across_ranks():
+            return hooks.evaluate(original, self, x, *args, **kwargs)
 
     return hooks.naming_silent_ranks()(evaluate)  # a rank gone silent is named
 
 
 def _fit(original, hooks, train_step):
     def fit(self, x=None, *args, **kwargs):
-        if hooks.active(self):
-            x, args, kwargs = _loaders_first(original, hooks, "fit", self, x, args, kwargs)
-            hooks.before_fit(self)
-            if type(self).train_step is train_step:  # a subclass's own step would not unpack it
-                x = hooks.fit_input(self, x)
-        else:
+        if not hooks.active(self):
             hooks.check_inputs(self, "fit", {"x": x, **kwargs})
-        return original(self, x, *args, **kwargs)
+            return original(self, x, *args, **kwargs)
+        x, args, kwargs = _loaders_first(original, hooks, "fit", self, x, args, kwargs)
+        hooks.before_fit(self)
+        if type(self).train_step is train_step:  # a subclass's own step would not unpack it
+            x = hooks.fit_input(self, x)
+        with _across_ranks():
+            return original(self, x, *args, **kwargs)
 
     return hooks.naming_silent_ranks()(fit)  # a rank gone silent is named
 
@@ -232,11 +250,12 @@ def _train_step(original, hooks):
 
 def _predict(original, hooks):
     def predict(self, x, *args, **kwargs):
-        if hooks.active(self):
-            x, args, kwargs = _loaders_first(original, hooks, "predict", self, x, args, kwargs)
-        else:
+        if not hooks.active(self):
             hooks.check_inputs(self, "predict", {"x": x})
-        return original(self, x, *args, **kwargs)
+            return original(self, x, *args, **kwargs)
+        x, args, kwargs = _loaders_first(original, hooks, "predict", self, x, args, kwargs)
+        with _across_ranks():
+            return original(self, x, *args, **kwargs)
 
     return hooks.naming_silent_ranks()(predict)  # a rank gone silent is named
 
@@ -281,6 +300,49 @@ def _loaders_first(original, hooks, method, model, x, args, kwargs):
         arguments["kwargs"] = {}
     hooks.prepare(model, method, arguments)
     return arguments["x"], bound.args[2:], bound.kwargs
+
+
+@contextlib.contextmanager
+def _across_ranks():
+    token = _ACROSS_RANKS.set(True)
+    try:
+        yield
+    finally:
+        _ACROSS_RANKS.reset(token)
+
+
+def _install_global_padding() -> None:
+    """Inside :func:`_across_ranks`, Merlin's transformer inputs padded as one process pads
+    the global batch: to the longest sequence of every rank's batch (a collective; every rank
+    runs the same model)."""
+    import tensorflow as tf
+
+    from merlin_models_de import comm
+
+    try:
+        from merlin.models.tf.transformers.transforms import PrepareTransformerInputs
+    except ImportError:  # no transformers package: no transformer block to pad for
+        return
+
+    def wrap(original):
+        @functools.wraps(original)
+        def call(self, inputs):
+            out = original(self, inputs)
+            if not (_ACROSS_RANKS.get() and isinstance(inputs, tf.RaggedTensor)):
+                return out
+            dense = out["inputs_embeds"]
+            mask = getattr(dense, "_keras_mask", None)
+            length = tf.shape(dense, out_type=tf.int64)[1:2]
+            longest = tf.reduce_max(comm.allgather(length, name=f"mmde_{self.name}_length"))
+            extra = longest - length[0]
+            padded = tf.pad(dense, [[0, 0], [0, extra], [0, 0]])
+            if mask is not None:  # the padding is no target
+                padded._keras_mask = tf.pad(mask, [[0, 0], [0, extra]])
+            return {"inputs_embeds": padded}
+
+        return call
+
+    replace(_TRANSFORMER_INPUTS, PrepareTransformerInputs, wrap)
 
 
 def install_output_hooks(accepts, tie) -> None:
