@@ -33,7 +33,7 @@ import os
 import numpy as np
 
 from merlin_models_de import planner
-from merlin_models_de.planner.memory import ALLOCATOR_OVERHEAD
+from merlin_models_de.planner.memory import ALLOCATOR_OVERHEAD, with_two_copies
 from merlin_models_de.tables import human_bytes
 
 # the largest world size the advice in the refusal looks for (re-planning is cheap up to here;
@@ -66,9 +66,13 @@ def reset_peak_bytes(manifest, world_size: int, overhead: float = ALLOCATOR_OVER
                 buffer[rank] = max(buffer[rank], max(sizes))
                 if world_size == 1:
                     largest_drawn[rank] = max(largest_drawn[rank], sizes[0])
-    kept = 1 + overhead
     return [
-        math.ceil(max(restored[r] * kept + 2 * buffer[r], tables[r] * kept + 2 * largest_drawn[r]))
+        math.ceil(
+            max(
+                with_two_copies(restored[r], buffer[r], overhead),
+                with_two_copies(tables[r], largest_drawn[r], overhead),
+            )
+        )
         for r in range(world_size)
     ]
 

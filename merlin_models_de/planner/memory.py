@@ -26,12 +26,7 @@ within 3.3% (its other rank, holding the same, peaked up to 21% lower).
 
 from __future__ import annotations
 
-from merlin_models_de.planner.types import (
-    ShardingPlan,
-    ShardingType,
-    optimizer_slots,
-    row_slots,
-)
+from merlin_models_de.planner.types import ShardingPlan, ShardingType, held_bytes
 
 # Fitted on the capacity searches' runs (TF 2.12 CPU, oneDNN on, batch 512, 20 steps of the
 # DLRM command): what a rank holds besides its tables and their state, the same at every scale
@@ -65,17 +60,20 @@ def rank_peak_bytes(
     copies of it while drawn, the others made; :data:`DRAWN_WHOLE_KEPT` of it after);
     ``table_bytes``: bytes of a stored table element (2: 16-bit tables; None: ``dtype_bytes``,
     which optimizer state and draws keep)."""
-    stored = dtype_bytes if table_bytes is None else table_bytes
-    tables = elements * stored
-    state = (
-        elements * dtype_bytes * optimizer_slots(optimizer)
-        + rows * row_slots(optimizer) * dtype_bytes
-    )
+    tables, state = held_bytes(elements, rows, optimizer, dtype_bytes, table_bytes)
     dense = elements * dtype_bytes * DENSE_GRADIENT_COPIES if dense_gradients else 0
     drawn = drawn_whole * dtype_bytes
     training = (1 + overhead) * (tables + state) + dense + DRAWN_WHOLE_KEPT * drawn
-    initializing = (1 + overhead) * tables + 2 * drawn
+    initializing = with_two_copies(tables, drawn, overhead)
     return runtime + int(max(training, initializing))
+
+
+def with_two_copies(held: int, largest: int, overhead: float = ALLOCATOR_OVERHEAD) -> float:
+    """Bytes resident while ``held`` bytes sit ``overhead`` above their own and two more
+    copies of a ``largest``-byte piece exist at once: a table drawn whole (Keras' uniform,
+    beside the tables made before it), or the part a streaming restore reads and converts
+    to a tensor (``elastic/memory.py``)."""
+    return (1 + overhead) * held + 2 * largest
 
 
 def plan_peak_bytes(

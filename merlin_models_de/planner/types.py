@@ -168,11 +168,9 @@ class ShardingPlan:
         """Bytes ``rank`` holds with ``optimizer``'s state: its parameters (``table_bytes``
         each where tables are stored narrower, else ``dtype_bytes``) and ``slots`` copies of
         them (default: the optimizer's), plus its row-wise values per row."""
-        slots = optimizer_slots(optimizer) if slots is None else slots
         mine = self.shards_on(rank)
-        elements = sum(s.elements for s in mine)
-        state = elements * slots + sum(s.rows for s in mine) * row_slots(optimizer)
-        return elements * (table_bytes or dtype_bytes) + state * dtype_bytes
+        elements, rows = sum(s.elements for s in mine), sum(s.rows for s in mine)
+        return sum(held_bytes(elements, rows, optimizer, dtype_bytes, table_bytes, slots))
 
     def balance(self) -> float:
         """Busiest rank's elements over the mean (1.0 is perfect)."""
@@ -263,3 +261,21 @@ def row_slots(optimizer: str) -> int:
     for ``rowwise_adagrad``, else 0. Raises ValueError for unknown names."""
     optimizer_slots(optimizer)  # known
     return ROW_SLOTS.get(str(optimizer).lower(), 0)
+
+
+def held_bytes(
+    elements: int,
+    rows: int,
+    optimizer: str,
+    dtype_bytes: int = 4,
+    table_bytes: int | None = None,
+    slots: int | None = None,
+) -> tuple[int, int]:
+    """``(tables, state)``: the bytes of ``elements`` table parameters in ``rows`` rows
+    (``table_bytes`` each where tables are stored narrower, else ``dtype_bytes``) and of
+    ``optimizer``'s state for them in ``dtype_bytes`` (``slots`` copies, default the
+    optimizer's, plus its row-wise values per row). The one count of what a rank holds: the
+    plan's :meth:`ShardingPlan.rank_bytes` and the peak model (``planner/memory.py``)."""
+    slots = optimizer_slots(optimizer) if slots is None else slots
+    tables = elements * (dtype_bytes if table_bytes is None else table_bytes)
+    return tables, (elements * slots + rows * row_slots(optimizer)) * dtype_bytes
