@@ -34,7 +34,7 @@ from merlin_models_de.compat.versions import UnsupportedVersionError
 from merlin_models_de.merlin.register import register
 from merlin_models_de.planner import Shard, ShardingPlan, ShardingType
 from merlin_models_de.planner import plan as make_plan
-from merlin_models_de.tables import FeatureSpec, TableSpec, tables_from_schema
+from merlin_models_de.tables import DynamicTable, FeatureSpec, TableSpec, tables_from_schema
 
 __version__ = "0.1.0"
 
@@ -74,6 +74,7 @@ __all__ = sorted(
         "Shard",
         "ShardingPlan",
         "ShardingType",
+        "DynamicTable",
         "FeatureSpec",
         "TableSpec",
         "tables_from_schema",

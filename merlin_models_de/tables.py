@@ -19,6 +19,59 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 COMBINERS = ("sum", "mean", "sqrtn")
+EVICTION_POLICIES = ("lfu", "lru", "ttl", None)
+
+
+@dataclass(frozen=True)
+class DynamicTable:
+    """A table whose ids are 64-bit keys that get rows as they arrive (``merlin_models_de.dynamic``).
+
+    Attributes:
+        capacity: Rows of the table over all ranks (each rank holds its share).
+        admit_after: Sightings a key needs before it gets a row (1: at once); until then it
+            reads the table's shared default row.
+        evict: When a rank's share is full: ``"lfu"`` (least frequently used), ``"lru"``
+            (least recently used), ``"ttl"`` (not used for ``ttl`` steps), or None (never:
+            newcomers read the default row until a row is free).
+        ttl: Steps without a use after which a row may be taken (``evict="ttl"`` only).
+        candidates: Keys seen fewer than ``admit_after`` times that a rank remembers (the
+            least recently seen is forgotten first); None: as many as its rows.
+
+    Example:
+        >>> DynamicTable(capacity=1000, admit_after=2).evict
+        'lfu'
+    """
+
+    capacity: int
+    admit_after: int = 1
+    evict: str | None = "lfu"
+    ttl: int | None = None
+    candidates: int | None = None
+
+    def __post_init__(self):
+        for what, value in (("capacity", self.capacity), ("admit_after", self.admit_after)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"DynamicTable needs {what} to be an int >= 1. Received: {what}={value!r}"
+                )
+        if self.evict not in EVICTION_POLICIES:
+            raise ValueError(
+                f"DynamicTable's evict must be one of {list(EVICTION_POLICIES)}. "
+                f"Received: evict={self.evict!r}"
+            )
+        for what, value in (("ttl", self.ttl), ("candidates", self.candidates)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(
+                    f"DynamicTable's {what} must be None or an int >= 1. "
+                    f"Received: {what}={value!r}"
+                )
+        if (self.evict == "ttl") != (self.ttl is not None):
+            raise ValueError(
+                "DynamicTable takes ttl with evict='ttl' and only then. "
+                f"Received: evict={self.evict!r}, ttl={self.ttl!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -56,6 +109,8 @@ class TableSpec:
         rows: Number of rows (vocabulary size).
         dim: Embedding width.
         features: The features that read this table, in schema order.
+        dynamic: For a table whose ids are keys that get rows as they arrive, its options
+            (``rows`` is then its capacity); None for a table of ``rows`` fixed ids.
 
     Example:
         >>> t = TableSpec("item", rows=1000, dim=16, features=(FeatureSpec("item", "item"),))
@@ -67,6 +122,7 @@ class TableSpec:
     rows: int
     dim: int
     features: tuple[FeatureSpec, ...]
+    dynamic: DynamicTable | None = None
 
     def __post_init__(self):
         # a table of no rows or columns would be planned into shards of no (or negative) rows
@@ -91,6 +147,8 @@ class TableSpec:
         is written only where its schema declared one, so the manifests of models without
         one stay as installs before the field read them."""
         out = asdict(self)
+        if out["dynamic"] is None:  # fixed tables' manifests stay as they were
+            del out["dynamic"]
         for feature in out["features"]:
             if feature["hotness"] is None:
                 del feature["hotness"]
@@ -104,7 +162,8 @@ class TableSpec:
         feats = tuple(
             FeatureSpec(**{k: v for k, v in f.items() if k in known}) for f in data["features"]
         )
-        return cls(data["name"], int(data["rows"]), int(data["dim"]), feats)
+        dynamic = DynamicTable(**data["dynamic"]) if data.get("dynamic") else None
+        return cls(data["name"], int(data["rows"]), int(data["dim"]), feats, dynamic)
 
 
 def default_infer_dim(column) -> int:
@@ -159,7 +218,9 @@ def declared_hotness(column) -> tuple[float | None, str | None]:
     return None, None
 
 
-def _rows_of(column) -> int:
+def _rows_of(column, dynamic: DynamicTable | None = None) -> int:
+    if dynamic is not None:  # keys get rows as they arrive: no vocabulary to count
+        return dynamic.capacity
     from merlin.schema import Tags
 
     kind = "Categorical column" if Tags.CATEGORICAL in column.tags else "Column"
@@ -239,6 +300,7 @@ def tables_from_schema(
     *,
     infer_dim_fn: Callable | None = None,
     combiner: str | Mapping[str, str | None] | None = "mean",
+    dynamic: Mapping[str, DynamicTable] | None = None,
 ) -> tuple[TableSpec, ...]:
     """Builds the table specs of the columns ``mm.Embeddings`` embeds (see
     :func:`embedding_columns`).
@@ -252,6 +314,9 @@ def tables_from_schema(
             3-D outputs), one for all or a dict by feature name (a shared table's features
             all take its first feature's, as in ``mm.Embeddings``); a Keras layer counts as
             None here (the block applies it to the un-pooled rows).
+        dynamic: ``{feature or table: DynamicTable}``: tables whose ids are 64-bit keys that
+            get rows as they arrive; their rows are the capacity, and their columns need an
+            integer dtype but no cardinality.
 
     Returns:
         The tables in schema order of their first feature.
@@ -273,9 +338,11 @@ def tables_from_schema(
             f"Received columns: {list(schema.column_names)}"
         )
     names = {c.name for c in columns}
+    table_names = {_table_of(c) for c in columns}
+    _check_keys("dynamic", dynamic, names | table_names)
+    dynamic_of = _dynamic_options(columns, dynamic or {})
     for col in columns:
-        _rows_of(col)  # a column without a domain fails first, naming it
-    table_names = {c.int_domain.name or c.name for c in columns}
+        _rows_of(col, dynamic_of.get(_table_of(col)))  # a column without a domain fails first
     _check_keys("dim", dim, names | table_names)
     _check_keys("combiner", combiner, names)
 
@@ -284,8 +351,8 @@ def tables_from_schema(
     feats: dict[str, list[FeatureSpec]] = {}
     first: dict[str, str] = {}
     for col in columns:
-        n_rows = _rows_of(col)
-        table = col.int_domain.name or col.name
+        table = _table_of(col)
+        n_rows = _rows_of(col, dynamic_of.get(table))
         width = _dim_of(col, table, dim, infer_dim_fn)
         if table in rows:
             for what, mine, theirs in (("rows", n_rows, rows[table]), ("dim", width, dims[table])):
@@ -307,7 +374,34 @@ def tables_from_schema(
                 hotness=declared_hotness(col)[0] if multi else None,
             )
         )
-    return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t])) for t in rows)
+    return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t]), dynamic_of.get(t)) for t in rows)
+
+
+def _table_of(column) -> str:
+    domain = column.int_domain
+    return (domain.name if domain is not None else None) or column.name
+
+
+def _dynamic_options(columns, dynamic: Mapping[str, Any]) -> dict[str, DynamicTable]:
+    """``{table: DynamicTable}`` of ``dynamic`` (keyed by feature or table name); a dynamic
+    table's columns must hold integers (raw ids or 64-bit hashes of the values)."""
+    out: dict[str, DynamicTable] = {}
+    for col in columns:
+        table = _table_of(col)
+        option = dynamic.get(col.name, dynamic.get(table))
+        if option is None:
+            continue
+        if not isinstance(option, DynamicTable):
+            raise ValueError(f"dynamic['{col.name}'] must be a DynamicTable. Received: {option!r}")
+        dtype = _dtype_name(col)
+        if not dtype.startswith(("int", "uint")) and dtype not in ("None", "unknown"):
+            raise ValueError(
+                f"Dynamic feature '{col.name}' must hold integer keys (raw ids, or 64-bit "
+                f"hashes of the values); hash string ids first (docs/dynamic.md). "
+                f"Received: dtype={dtype!r}"
+            )
+        out[table] = option
+    return out
 
 
 def feature_order(tables: Sequence[TableSpec]) -> list[FeatureSpec]:

@@ -172,7 +172,13 @@ class EmbeddingBackend(abc.ABC):
     # ---- one step ----------------------------------------------------------------------------
 
     def call(
-        self, inputs: list, training: bool = False, problems=(), following=None, waiting=None
+        self,
+        inputs: list,
+        training: bool = False,
+        problems=(),
+        following=None,
+        waiting=None,
+        optimizer_state=None,
     ) -> list:
         """Ordered list of ``(ids, row_lengths)`` -> ordered list of outputs.
 
@@ -181,17 +187,24 @@ class EmbeddingBackend(abc.ABC):
         exchange, as bad ids do. ``following``: ``(next inputs, their problems)``, the next
         batch of a training step (empty after the last), or None. ``waiting``: the training
         step's list where the exchanges' backward waits for the optimizer
-        (``backends/step.py``), or None.
+        (``backends/step.py``), or None. ``optimizer_state``: the training step's
+        ``TrainingStep.optimizer_state`` (a dynamic table's new rows start from it), or None.
         """
         batch = batch_size(inputs)
         if self.out_of_range is not None:
             self.out_of_range.assign_add(ids_outside(inputs, self.features, self.tables))
         if following is not None and self.supports_ahead and self.world_size > 1:
-            return self.step_ahead(inputs, batch, problems, following, training, waiting)
+            return self.step_ahead(
+                inputs, batch, problems, following, training, waiting, optimizer_state
+            )
         header, check = self.header_and_check(inputs, batch, problems)
-        return self.exchange_and_lookup(inputs, batch, header, check, training, waiting)
+        return self.exchange_and_lookup(
+            inputs, batch, header, check, training, waiting, optimizer_state
+        )
 
-    def step_ahead(self, inputs: list, batch, problems, following, training: bool, waiting) -> list:
+    def step_ahead(
+        self, inputs: list, batch, problems, following, training: bool, waiting, optimizer_state
+    ) -> list:
         """A training step that also sends the next batch's ids (``supports_ahead``)."""
         raise NotImplementedError(f"backend {self.name!r} exchanges ids inside the step only")
 
@@ -233,12 +246,19 @@ class EmbeddingBackend(abc.ABC):
 
     @abc.abstractmethod
     def exchange_and_lookup(
-        self, inputs: list, batch, header, check: Callable, training: bool, waiting=None
+        self,
+        inputs: list,
+        batch,
+        header,
+        check: Callable,
+        training: bool,
+        waiting=None,
+        optimizer_state=None,
     ) -> list:
         """The backend's own stages. ``header`` must reach every rank in the first exchange;
         ``check(received, received_splits)`` gives the assertions that must run before any
         lookup (``received`` holds, per source rank, a segment starting with the header).
-        ``waiting``: see :meth:`call`."""
+        ``waiting``, ``optimizer_state``: see :meth:`call`."""
 
     def exchange_header(self, header, check: Callable) -> list:
         """For backends whose own first exchange cannot carry the header: one allgather."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass, field
+from typing import Callable
 
 from merlin_models_de.variables import embedding_blocks
 
@@ -74,6 +75,9 @@ class TrainingStep:
     batch: dict  # the step's features, as the model receives them
     following: dict  # the next batch's id features, by feature name ({}: the input has none)
     waiting: Waiting = field(default_factory=Waiting)  # exchanges whose backward waits
+    # var -> [(slot variable, initial value)] of the model's optimizer: what a dynamic
+    # table's row given to a new key starts from (dynamic/reset.py)
+    optimizer_state: Callable | None = None
     claimed: set = field(default_factory=set)  # blocks that took the next batch
 
     def next_batch_for(self, block_key, feature_names, inputs):
@@ -138,12 +142,17 @@ def split_next(data):
 
 
 @contextlib.contextmanager
-def training_step(data):
+def training_step(data, optimizer_state: Callable | None = None):
     """Around one traced train step: yields ``data`` without the next batch, with the step's
-    :class:`TrainingStep` open for the blocks and the optimizer."""
+    :class:`TrainingStep` open for the blocks and the optimizer (``optimizer_state``: see
+    :attr:`TrainingStep.optimizer_state`)."""
     data, following = split_next(data)
     features = data[0] if isinstance(data, tuple) else data
-    step = TrainingStep(batch=features if isinstance(features, dict) else {}, following=following)
+    step = TrainingStep(
+        batch=features if isinstance(features, dict) else {},
+        following=following,
+        optimizer_state=optimizer_state,
+    )
     token = _current.set(step)
     try:
         yield data

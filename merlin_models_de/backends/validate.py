@@ -100,7 +100,8 @@ def local_problems(
     which = tf.repeat(tf.range(len(features) + 1, dtype=tf.int64), counts)
     row_counts = [tables[f.table].rows for f in features] + [1]
     rows = tf.gather(tf.constant(row_counts, tf.int64), which)
-    outside = tf.logical_or(ids < 0, ids >= rows)
+    keys = tf.gather(tf.constant([_is_dynamic(tables, f) for f in features] + [False]), which)
+    outside = tf.logical_and(~keys, tf.logical_or(ids < 0, ids >= rows))
     first = tf.argmax(tf.cast(outside, tf.int32), output_type=tf.int64)
     n_bad = tf.reduce_sum(tf.cast(outside, tf.int64))
     bad_feature = tf.gather(tf.concat([names, [""]], 0), tf.gather(which, first, axis=0))
@@ -193,7 +194,11 @@ def ids_outside(inputs, features, tables):
         return tf.zeros([0], tf.int64)
     return tf.stack(
         [
-            tf.reduce_sum(tf.cast(tf.logical_or(ids < 0, ids >= tables[f.table].rows), tf.int64))
+            tf.zeros([], tf.int64)
+            if _is_dynamic(tables, f)
+            else tf.reduce_sum(
+                tf.cast(tf.logical_or(ids < 0, ids >= tables[f.table].rows), tf.int64)
+            )
             for (ids, _), f in zip(inputs, features)
         ]
     )
@@ -244,3 +249,8 @@ def check_headers(received, received_splits, batch, rank, world_size, deferred):
             )
         )
     return checks
+
+
+def _is_dynamic(tables, feature) -> bool:
+    """A dynamic table's ids are keys: any int64 is one (no row range to check)."""
+    return getattr(tables[feature.table], "dynamic", None) is not None

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Callable, Mapping
 
 import tensorflow as tf
@@ -35,10 +36,12 @@ from merlin_models_de.block.handles import (
 from merlin_models_de.block.notices import one_rank_notice
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
+from merlin_models_de.dynamic import contents as dynamic_contents
 from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
 from merlin_models_de.planner import placed_like, validate_options
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import (
+    DynamicTable,
     feature_order,
     is_layer_combiner,
     narrow_table_bytes,
@@ -128,6 +131,9 @@ class DistributedEmbeddings(
             the dense gradients, one round instead of two, when the model's optimizer is
             the one ``compile`` makes (:mod:`merlin_models_de.backends.horovod.backward`). Default
             True; the result is the same.
+        dynamic_tables: ``{feature or table: DynamicTable(capacity=...)}``: tables whose ids are
+            64-bit keys that get rows as they arrive (:mod:`merlin_models_de.dynamic`);
+            ``horovod`` backend only.
 
     Example:
         >>> emb = DistributedEmbeddings(schema, dim=16)  # doctest: +SKIP
@@ -165,6 +171,7 @@ class DistributedEmbeddings(
         table_dtype=None,
         exchange_ahead=True,
         merge_backward=True,
+        dynamic_tables=None,
         name="embeddings",
         **kwargs,
     ):
@@ -182,8 +189,13 @@ class DistributedEmbeddings(
             1, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
         )
         sequence_combiner = _deserialize_combiner(sequence_combiner)
+        self.dynamic_tables = _dynamic_options(dynamic_tables)
         self.tables = tables_from_schema(
-            schema, dim, infer_dim_fn=infer_dim_fn, combiner=sequence_combiner
+            schema,
+            dim,
+            infer_dim_fn=infer_dim_fn,
+            combiner=sequence_combiner,
+            dynamic=self.dynamic_tables,
         )
         self.features = tuple(feature_order(self.tables))
         names = {f.name for f in self.features}
@@ -221,7 +233,11 @@ class DistributedEmbeddings(
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.table_dtype = table_dtype_name(table_dtype)
         self.backend_name = resolve(
-            backend, self.features, self.exchange_dtype, self.table_dtype, strategy=strategy
+            _backend_for_dynamic(backend, self.tables),
+            self.features,
+            self.exchange_dtype,
+            self.table_dtype,
+            strategy=strategy,
         )
         self.validate_ids = validate_ids
         for option, value in (
@@ -298,9 +314,14 @@ class DistributedEmbeddings(
         if found and self.world_size == 1:
             raise ValueError(found[0])  # nobody to wait for: fail at once
         # on several ranks a problem travels in the first exchange, so every rank fails
-        following, waiting = self._step_values(inputs, training, selected)
+        following, waiting, optimizer_state = self._step_values(inputs, training, selected)
         outputs = self.backend.call(
-            ordered, training=training, problems=problems, following=following, waiting=waiting
+            ordered,
+            training=training,
+            problems=problems,
+            following=following,
+            waiting=waiting,
+            optimizer_state=optimizer_state,
         )
         dims = {t.name: t.dim for t in self.tables}
         # (a feature missing here has already failed every rank in the exchange's checks)
@@ -323,19 +344,21 @@ class DistributedEmbeddings(
         return result
 
     def _step_values(self, inputs, training, selected):
-        """``(following, waiting)`` of the training step being traced (``backends/step.py``):
-        the next batch's ids when this call reads the step's batch (this step sends them,
-        ``backends/horovod/ahead.py``), and the list where the exchanges' backward waits for
-        the optimizer (``backends/horovod/backward.py``); None each otherwise."""
+        """``(following, waiting, optimizer_state)`` of the training step being traced
+        (``backends/step.py``): the next batch's ids when this call reads the step's batch
+        (this step sends them, ``backends/horovod/ahead.py``), the list where the exchanges'
+        backward waits for the optimizer (``backends/horovod/backward.py``), and what a
+        dynamic table's new rows start from; None each otherwise."""
         step = current_step()
         if step is None or not training:
-            return None, None
+            return None, None, None
         following = None
         if selected is None and self.exchange_ahead:
             following = step.next_batch_for(id(self), [f.name for f in self.features], inputs)
         if following is not None:
             following = ordered_inputs(following, self.features)
-        return following, step.waiting if self.merge_backward else None
+        waiting = step.waiting if self.merge_backward else None
+        return following, waiting, step.optimizer_state
 
     def checkpoint_children(self, children: dict) -> dict:
         """The block's dependencies in checkpoints: one per table (see
@@ -386,6 +409,7 @@ class DistributedEmbeddings(
             table_dtype=self.table_dtype,
             exchange_ahead=self.exchange_ahead,
             merge_backward=self.merge_backward,
+            dynamic_tables={k: asdict(v) for k, v in self.dynamic_tables.items()} or None,
             **self.options,
         )
         return config
@@ -462,6 +486,37 @@ class DistributedEmbeddings(
             counter.assign(tf.zeros_like(counter))
         return counts
 
+    def dynamic_table(self, table: str):
+        """Collective: ``(keys, rows)`` of dynamic ``table`` (a feature or table name), every
+        key that has a row, sorted by key, on every rank."""
+        self.ensure_built()
+        keymap, var = self._dynamic_parts(table)
+        return dynamic_contents.gathered(keymap, var)
+
+    def dynamic_counters(self) -> dict:
+        """Collective: ``{table: {"keys", "admitted", "evicted"}}`` of the dynamic tables,
+        summed over ranks (keys: how many hold a row now)."""
+        self.ensure_built()
+        return {
+            t.name: dynamic_contents.counters(self._dynamic_parts(t.name)[0])
+            for t in self.tables
+            if t.dynamic is not None
+        }
+
+    def _dynamic_parts(self, name: str):
+        table = next(
+            (t.name for t in self.tables if name == t.name or name in {f.name for f in t.features}),
+            name,
+        )
+        keymaps = getattr(self.backend, "keymaps", {})
+        if table not in keymaps:
+            dynamic = [t.name for t in self.tables if t.dynamic is not None]
+            raise ValueError(
+                f"'{name}' is not a dynamic table of block '{self.name}' (dynamic: {dynamic}). "
+                f"Received: table={name!r}"
+            )
+        return keymaps[table], self.backend.rw[table]
+
     def get_global_weights(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         """Collective: ``{table: full NumPy array}`` on every rank, moved in chunks."""
         self.ensure_built()
@@ -497,6 +552,34 @@ class DistributedEmbeddings(
     def ensure_built(self):
         if not self.built:
             self.build({f.name: tf.TensorShape([None]) for f in self.features})
+
+
+def _dynamic_options(value) -> dict:
+    """``dynamic`` as ``{name: DynamicTable}`` (a config's plain dicts read back)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            "dynamic_tables must be a dict {feature or table: DynamicTable(capacity=...)}. "
+            f"Received: dynamic_tables={value!r}"
+        )
+    return {
+        name: DynamicTable(**option) if isinstance(option, Mapping) else option
+        for name, option in value.items()
+    }
+
+
+def _backend_for_dynamic(backend: str, tables) -> str:
+    """``auto`` runs dynamic tables on the built-in backend; another backend refuses them."""
+    dynamic = [t.name for t in tables if t.dynamic is not None]
+    if not dynamic or backend == "horovod":
+        return backend
+    if backend == "auto":
+        return "horovod"
+    raise NotImplementedError(
+        f"Dynamic tables {dynamic} run on backend='horovod' (or 'auto') only. "
+        f"Received: backend={backend!r}"
+    )
 
 
 def _plain(value):

@@ -46,6 +46,7 @@ from merlin_models_de.backends.step import input_pipeline, training_step
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin_hooks as merlin_compat
+from merlin_models_de.dynamic.reset import optimizer_state
 
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
@@ -196,7 +197,9 @@ class MerlinHooks:
 
     # each traced train step: its values for the blocks and the optimizer, the next batch's
     # ids out of the batch
-    step_inputs = staticmethod(lambda model, data: training_step(data))
+    step_inputs = staticmethod(
+        lambda model, data: training_step(data, optimizer_state(getattr(model, "optimizer", None)))
+    )
 
     @staticmethod
     def evaluate(original, model, *args, **kwargs):

@@ -254,6 +254,11 @@ def plan(
     check_hotness(hotness, feature_order(tables))
     dp, mp, rs = classify(tables, data_parallel_threshold, row_slice_threshold)
     for i in rs:
+        if tables[i].dynamic is not None and tables[i].rows < world_size:
+            raise ValueError(
+                f"Dynamic table '{tables[i].name}' needs a capacity of at least one row per "
+                f"rank (world_size={world_size}). Received: capacity={tables[i].rows}"
+            )
         if tables[i].rows < world_size:
             raise ValueError(
                 f"Table '{tables[i].name}' has {tables[i].rows} rows, fewer than "

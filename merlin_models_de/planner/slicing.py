@@ -19,12 +19,15 @@ def classify(
 ) -> tuple[list[int], list[int], list[int]]:
     """Splits table indices into (data-parallel, model-parallel, row-sliced).
 
-    A table with at most ``data_parallel_threshold`` elements is replicated; otherwise one with
-    at least ``row_slice_threshold`` elements is split by rows; the rest are model parallel.
+    A dynamic table is split by rows (each rank owns the keys that hash to it). A table with
+    at most ``data_parallel_threshold`` elements is replicated; otherwise one with at least
+    ``row_slice_threshold`` elements is split by rows; the rest are model parallel.
     """
     dp, mp, rs = [], [], []
     for i, t in enumerate(tables):
-        if data_parallel_threshold and t.elements <= data_parallel_threshold:
+        if t.dynamic is not None:
+            rs.append(i)
+        elif data_parallel_threshold and t.elements <= data_parallel_threshold:
             dp.append(i)
         elif row_slice_threshold and t.elements >= row_slice_threshold:
             rs.append(i)

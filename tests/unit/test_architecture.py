@@ -28,6 +28,7 @@ LAYERS = [
     {"compat"},
     {"runtime"},
     {"planner"},
+    {"dynamic"},
     {"backends", "rowwise"},
     {"persistence"},
     {"block"},

@@ -26,6 +26,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.backends.base import EmbeddingBackend
 from merlin_models_de.backends.horovod import ahead, backward
+from merlin_models_de.backends.horovod.dynamic_exchange import dynamic_lookup
 from merlin_models_de.backends.horovod.exchange import row_sliced_lookup
 from merlin_models_de.backends.horovod.schedule import StepSchedule
 from merlin_models_de.backends.horovod.table_lookup import lookup_ids
@@ -37,6 +38,8 @@ from merlin_models_de.backends.shard_init import (
     for_shard,
     row_blocks,
 )
+from merlin_models_de.dynamic.keymap import KeyMap
+from merlin_models_de.dynamic.reset import row_reset
 from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_column_sync
@@ -56,6 +59,11 @@ class HorovodBackend(EmbeddingBackend):
         self.mp: dict = {}  # table -> this rank's model-parallel shard (table or column slice)
         self.dp: dict = {}  # table -> replicated variable
         self.rw: dict = {}  # table -> this rank's row slice
+        # dynamic tables: table -> this rank's key map, the replicated default row, and the
+        # initializer new rows are drawn like (merlin_models_de.dynamic)
+        self.keymaps: dict = {}
+        self.defaults: dict = {}
+        self.initializers: dict = {}
         self.anchor: Any = None  # see create_variables (a variable)
 
     # ---- variables --------------------------------------------------------------------------
@@ -114,6 +122,22 @@ class HorovodBackend(EmbeddingBackend):
                     initializer=initializer(s.table),
                     trainable=trains(s.table),
                 )
+            elif table.dynamic is not None:  # rows are drawn from their keys when given
+                self.rw[s.table] = layer.add_weight(
+                    name=f"rw_{s.table}",
+                    shape=(s.rows, table.dim),
+                    dtype=self.table_dtype,
+                    initializer="zeros",
+                    trainable=trains(s.table),
+                )
+                self.keymaps[s.table] = KeyMap(s.rows, table.dynamic, f"{self.prefix}_{s.table}")
+                self.defaults[s.table] = layer.add_weight(
+                    name=f"default_{s.table}",
+                    shape=(1, table.dim),
+                    initializer=initializer(s.table),
+                    trainable=trains(s.table),
+                )
+                self.initializers[s.table] = initializer(s.table)
             else:
                 self.rw[s.table] = add_shard(f"rw_{s.table}", s, (s.rows, table.dim))
 
@@ -153,15 +177,19 @@ class HorovodBackend(EmbeddingBackend):
     # ---- one step -----------------------------------------------------------------------------
 
     def exchange_and_lookup(
-        self, inputs, batch, header, check, training=False, waiting=None
+        self, inputs, batch, header, check, training=False, waiting=None, optimizer_state=None
     ) -> list:
         """The three stages, the ids exchanged first (see the module docstring)."""
         received, splits = self.send_ids(inputs, header, self.collective_name("ids"))
         checked = check(received, splits)
-        outputs, _ = self._stages(inputs, batch, (received, splits), checked, training, waiting)
+        outputs, _ = self._stages(
+            inputs, batch, (received, splits), checked, training, waiting, None, optimizer_state
+        )
         return outputs
 
-    def step_ahead(self, inputs, batch, problems, following, training, waiting) -> list:
+    def step_ahead(
+        self, inputs, batch, problems, following, training, waiting, optimizer_state
+    ) -> list:
         """A training step that sends the next batch's ids (:mod:`.ahead`): in the rows'
         forward exchange, or alone where the schedule has none."""
         lookahead = self.lookahead
@@ -171,13 +199,17 @@ class HorovodBackend(EmbeddingBackend):
         next_inputs, next_problems = following
         sent = lookahead.message(next_inputs, next_problems, after=first)
         carried = sent if self.schedule.next_ids_ride else None
-        outputs, arrived = self._stages(inputs, batch, first, [], training, waiting, carried)
+        outputs, arrived = self._stages(
+            inputs, batch, first, [], training, waiting, carried, optimizer_state
+        )
         if not self.schedule.next_ids_ride:
             arrived = lookahead.send_alone(sent)
         lookahead.keep(sent, *arrived)
         return outputs
 
-    def _stages(self, inputs, batch, first, checked, training, waiting, carried=None):
+    def _stages(
+        self, inputs, batch, first, checked, training, waiting, carried=None, optimizer_state=None
+    ):
         """``(outputs, arrived)``: stages 1b-3 from the id exchange's result ``first``
         (``(received, splits)``, its checks ``checked``); ``arrived``: what came of
         ``carried`` (the next batch's :class:`.ahead.NextIds`), or None. Un-pooled
@@ -219,7 +251,9 @@ class HorovodBackend(EmbeddingBackend):
                             )
                         )
                     else:
-                        parts.append(self._row_sliced(inputs[i], f, after))
+                        parts.append(
+                            self._row_sliced(inputs[i], f, after, training, optimizer_state)
+                        )
                 outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
         # Every output reads the anchor (adding an exact 0), so it has a gradient (0) on every
         # rank, also where no send is empty; otherwise Keras warns at each fit that
@@ -442,9 +476,10 @@ class HorovodBackend(EmbeddingBackend):
         for ((j, k), (_, cols)), piece in zip(sizes.items(), pieces):
             out[j][k] = tf.reshape(piece, [-1, cols])
 
-    def _row_sliced(self, value, feature, after):
+    def _row_sliced(self, value, feature, after, training=False, optimizer_state=None):
         """A row-sliced table: every rank's ids to every rank, rows back, summed
-        (:func:`.exchange.row_sliced_lookup`)."""
+        (:func:`.exchange.row_sliced_lookup`); a dynamic table's owner is its key's
+        (:mod:`merlin_models_de.dynamic.lookup`)."""
         shard = next(s for s in self.plan.shards_on(self.rank) if s.table == feature.table)
         ids, lengths = value
         # after the input exchange (see _input_exchange)
@@ -454,6 +489,22 @@ class HorovodBackend(EmbeddingBackend):
             if feature.multi_hot and lengths is not None
             else None
         )
+        if feature.table in self.keymaps:
+            var = self.rw[feature.table]
+            return dynamic_lookup(
+                var,
+                self.defaults[feature.table],
+                self.keymaps[feature.table],
+                ids,
+                self.collective_name(f"rw_{feature.name}"),
+                training=training,
+                reset=row_reset(
+                    var, self.initializers[feature.table], feature.table, optimizer_state
+                ),
+                lengths=lengths,
+                combiner=feature.combiner,
+                dtype=self.dtype,
+            )
         return row_sliced_lookup(
             self.rw[feature.table],
             shard,
@@ -469,6 +520,12 @@ class HorovodBackend(EmbeddingBackend):
     def lookup_table(self, table: str, ids, problems=()):
         """Collective: ``[n, dim]`` rows of ``table`` for this rank's flat ``ids`` (``n`` may
         differ by rank); differentiable; bad ids fail every rank (see :mod:`.table_lookup`)."""
+        if table in self.keymaps:
+            raise NotImplementedError(
+                f"Table '{table}' is dynamic: its rows are found by key in the block's own "
+                "lookup, not by row id (a tied or vocab-parallel output over it, or a table "
+                f"handle's lookup). Received: table={table!r}"
+            )
         return lookup_ids(self, table, ids, problems)
 
     # ---- whole tables -------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+"""A row given to a new key starts afresh: its values drawn from the key, its optimizer state
+at the optimizer's initial values (an evicted key's Adagrad sum or Adam moments must not
+carry over to the key that takes its row).
+
+Each optimizer slot starts at its initial value: zero for moments and momenta, the
+optimizer's ``initial_accumulator_value`` for Adagrad's (element-wise and row-wise) sums. A
+slot this module does not know is refused, naming it, rather than left holding the evicted
+key's state.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.dynamic.keys import initial_rows
+
+ZERO = ("m", "v", "vhat", "momentum", "rms", "mg", "linear")
+ACCUMULATORS = ("accumulator", "row_accumulator")
+
+
+def optimizer_state(optimizer):
+    """``state(var) -> [(slot variable, initial value)]`` for ``optimizer``; None without one."""
+    if optimizer is None:
+        return None
+
+    def state(var) -> list:
+        out = []
+        for owner, name, slot in keras_compat.slots_of(optimizer, var):
+            if name in ZERO:
+                out.append((slot, 0.0))
+            elif name in ACCUMULATORS:
+                out.append((slot, float(owner.get_config()["initial_accumulator_value"])))
+            else:
+                raise NotImplementedError(
+                    f"A dynamic table resets the optimizer state of rows given to new keys; "
+                    f"{type(owner).__name__}'s slot {name!r} has no known initial value. "
+                    f"Received: optimizer={type(owner).__name__}"
+                )
+        return out
+
+    return state
+
+
+def row_reset(var, initializer, table: str, optimizer_state=None):
+    """``reset(rows, keys)`` for this rank's slice ``var`` of dynamic ``table``.
+
+    ``optimizer_state(var)``: ``[(slot variable, initial value)]`` of the optimizer that
+    trains ``var`` (:func:`optimizer_state` of the training step's optimizer); None: no optimizer state
+    to reset (a custom loop, or SGD).
+    """
+
+    def reset(rows, keys) -> None:
+        at = rows[:, None]
+        var.scatter_nd_update(at, initial_rows(initializer, keys, var.shape[1], table, var.dtype))
+        for slot, value in optimizer_state(var) if optimizer_state is not None else ():
+            shape = tf.stack([tf.shape(rows)[0], slot.shape[1]])
+            slot.scatter_nd_update(at, tf.fill(shape, tf.cast(value, slot.dtype)))
+
+    return reset

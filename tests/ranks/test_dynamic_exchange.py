@@ -1,0 +1,99 @@
+"""Dynamic tables on 2 ranks: while no rank's share is full, training equals one process with
+the global batch (per-step losses, dense weights, the fixed table, the default rows, and the
+dynamic tables read back by key) for SGD, Adagrad, row-wise Adagrad and Adam; with eviction,
+each rank's key map equals the plain-Python reference map fed the keys that rank owns."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from merlin_models_de import DynamicTable, comm
+from merlin_models_de.dynamic.keys import owner_of
+from merlin_models_de.variables import embedding_blocks
+from tests.dynamic_reference import ReferenceKeyMap
+from tests.ranks import dynamic_model as dm
+from tests.ranks.oracle_dlrm import LossRecorder, optimizer
+from tests.ranks.test_fit import reference
+
+PER_RANK = 16
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    n = comm.size()
+    data = comm.broadcast_object(dm.make_data(n * PER_RANK * STEPS, STEPS))
+    spec = {"per_rank": PER_RANK, "world_size": n}
+    ref = reference(
+        spec, data, str(tmp_path_factory.mktemp("dyn")), runner="tests.ranks.dynamic_model"
+    )
+    return data, ref
+
+
+def rank_rows(total):
+    n, r = comm.size(), comm.rank()
+    batch = PER_RANK * n
+    return np.concatenate(
+        [np.arange(s + r * PER_RANK, s + (r + 1) * PER_RANK) for s in range(0, total, batch)]
+    )
+
+
+@pytest.mark.parametrize("name", dm.OPTIMIZERS)
+def test_two_ranks_train_dynamic_tables_as_one_process(oracle, name):
+    data, ref = oracle
+    model = dm.build_model(dm.no_eviction())
+    x, _ = dm.inputs(data, np.arange(2))
+    model(x)
+    initial = {k.split("/", 2)[2]: v for k, v in ref.items() if k.startswith(f"{name}/initial/")}
+    dm.start_like(model, initial)
+    model.compile(optimizer=optimizer(name, dm.LR[name]))
+    losses = LossRecorder()
+    rows = rank_rows(len(data["label"]))
+    model.fit(dm.dataset(data, rows, PER_RANK), epochs=1, verbose=0, callbacks=[losses])
+    final = dm.state(model)
+    expected = {k.split("/", 2)[2]: v for k, v in ref.items() if k.startswith(f"{name}/final/")}
+    (block,) = embedding_blocks(model)
+    assert block.dynamic_counters()["item"]["evicted"] == 0
+    assert sorted(final) == sorted(expected)
+    for table in ("item", "history"):  # every key has its row, as in one process
+        np.testing.assert_array_equal(final[f"keys/{table}"], expected[f"keys/{table}"])
+        assert len(final[f"keys/{table}"]) > 40
+    for key, value in expected.items():
+        np.testing.assert_allclose(final[key], value, rtol=2e-5, atol=2e-6, err_msg=key)
+    # each rank's loss is its own batch's mean: their mean is the global batch's, step by step
+    per_step = np.mean(comm.allgather_object(np.array(losses.losses)), axis=0)
+    np.testing.assert_allclose(per_step, ref[f"{name}/losses"], rtol=1e-5)
+
+
+POLICIES = {
+    "item": DynamicTable(capacity=16, evict="lfu"),
+    "history": DynamicTable(capacity=16, evict="lru", admit_after=2, candidates=6),
+}
+
+
+def test_each_rank_evicts_as_the_reference_fed_its_keys():
+    """Capacity 16 (8 rows a rank) for ~90 keys: both shards evict every step."""
+    n, r = comm.size(), comm.rank()
+    data = comm.broadcast_object(dm.make_data(n * PER_RANK * STEPS, STEPS, seed=5))
+    model = dm.build_model(POLICIES)
+    model.compile(optimizer="adagrad")
+    rows = rank_rows(len(data["label"]))
+    model.fit(dm.dataset(data, rows, PER_RANK), epochs=1, verbose=0)
+    (block,) = embedding_blocks(model)
+    batch = PER_RANK * n
+    for table, option in POLICIES.items():
+        shard = next(s for s in block.plan.shards_on(r) if s.table == table)
+        expected = ReferenceKeyMap(shard.rows, option)
+        for lo in range(0, len(data["label"]), batch):  # the step's keys, rank 0's first
+            keys = np.reshape(data[table][lo : lo + batch], [-1])
+            mine = owner_of(tf.constant(keys, tf.int64), n).numpy() == r
+            expected.update(keys[mine].tolist())
+        keymap = block.backend.keymaps[table]
+        counts, keys = keymap.table.counts.numpy(), keymap.table.keys.numpy()
+        held = {int(k): s for s, (k, c) in enumerate(zip(keys, counts)) if c > 0}
+        assert held == expected.rows_of(), table
+        assert (int(keymap.admitted.numpy()), int(keymap.evicted.numpy())) == (
+            expected.admitted,
+            expected.evicted,
+        ), table
+        assert expected.evicted > 0, table  # the policy was exercised

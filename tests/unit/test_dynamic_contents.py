@@ -1,0 +1,104 @@
+"""A dynamic table in one process: what it holds and counts (merlin_models_de/dynamic/
+contents.py), keys that get rows only in training, the default row for the others, and the
+options refused with the value received."""
+
+import merlin.dtypes as md
+import numpy as np
+import pytest
+import tensorflow as tf
+from merlin.schema import ColumnSchema, Schema, Tags
+
+import merlin_models_de  # noqa: F401  (registers mm.DistributedEmbeddings)
+from merlin_models_de import DynamicTable
+from merlin_models_de.block.layer import DistributedEmbeddings
+from merlin_models_de.planner import plan
+from merlin_models_de.tables import tables_from_schema
+from tests.schemas import cat
+
+
+def schema(item_dtype=md.int64):
+    return Schema([cat("user", 9), ColumnSchema("item", dtype=item_dtype, tags=[Tags.CATEGORICAL])])
+
+
+def block(**options):
+    return DistributedEmbeddings(
+        schema(), dim=3, dynamic_tables={"item": DynamicTable(capacity=5, **options)}
+    )
+
+
+def test_training_gives_keys_rows_and_other_calls_read_the_default_row():
+    emb = block()
+    keys = tf.constant([[10**12 + 2], [-5], [10**12 + 2]], tf.int64)
+    users = tf.constant([[1], [2], [3]], tf.int64)
+    before = emb({"user": users, "item": keys}, training=False)["item"].numpy()
+    default = emb.backend.defaults["item"].numpy()
+    np.testing.assert_array_equal(before, np.repeat(default, 3, axis=0))
+    assert emb.dynamic_counters() == {"item": {"keys": 0, "admitted": 0, "evicted": 0}}
+    after = emb({"user": users, "item": keys}, training=True)["item"].numpy()
+    found, rows = emb.dynamic_table("item")
+    assert found.tolist() == [-5, 10**12 + 2]  # sorted by key
+    np.testing.assert_array_equal(after[[1, 0]], rows)
+    assert emb.dynamic_counters() == {"item": {"keys": 2, "admitted": 2, "evicted": 0}}
+    emb({"user": users, "item": keys + 1}, training=False)  # unseen: no row is given
+    assert emb.dynamic_counters()["item"]["keys"] == 2
+
+
+def test_a_full_table_evicts_and_counts_it():
+    emb = block(evict="lru")
+    for start in range(0, 12, 3):
+        emb(
+            {"user": tf.zeros([3, 1], tf.int64), "item": tf.range(start, start + 3)[:, None]},
+            training=True,
+        )
+    counts = emb.dynamic_counters()["item"]
+    # every key finds a row (the 3 of a step never fill 5 rows), 12 - 5 of them by eviction
+    assert counts == {"keys": 5, "admitted": 12, "evicted": 7}
+
+
+def test_reading_a_table_that_is_not_dynamic_names_it():
+    emb = block()
+    with pytest.raises(ValueError, match=r"'user' is not a dynamic table.*\['item'\]"):
+        emb.dynamic_table("user")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(capacity=0), "capacity to be an int >= 1. Received: capacity=0"),
+        (dict(capacity=5, admit_after=0), "Received: admit_after=0"),
+        (dict(capacity=5, evict="fifo"), "Received: evict='fifo'"),
+        (dict(capacity=5, evict="ttl"), "Received: evict='ttl', ttl=None"),
+        (dict(capacity=5, ttl=3), "Received: evict='lfu', ttl=3"),
+    ],
+)
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        DynamicTable(**options)
+
+
+def test_a_dynamic_feature_of_strings_is_refused_naming_it():
+    with pytest.raises(ValueError, match="'item' must hold integer keys.*dtype='string'"):
+        tables_from_schema(schema(md.string), 4, dynamic={"item": DynamicTable(capacity=5)})
+
+
+def test_a_capacity_below_one_row_per_rank_is_refused():
+    tables = tables_from_schema(schema(), 4, dynamic={"item": DynamicTable(capacity=3)})
+    with pytest.raises(ValueError, match="'item' needs a capacity of at least one row per rank"):
+        plan(tables, 4)
+
+
+def test_another_backend_refuses_dynamic_tables():
+    with pytest.raises(NotImplementedError, match="Received: backend='distributed-embeddings'"):
+        DistributedEmbeddings(
+            schema(),
+            dim=3,
+            backend="distributed-embeddings",
+            dynamic_tables={"item": DynamicTable(capacity=5)},
+        )
+
+
+def test_the_config_holds_the_options():
+    emb = block(admit_after=2)
+    copy = DistributedEmbeddings.from_config(emb.get_config())
+    assert copy.dynamic_tables == {"item": DynamicTable(capacity=5, admit_after=2)}
+    assert next(t for t in copy.tables if t.name == "item").rows == 5
