@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -55,25 +56,47 @@ def read_wide(rows, dtype):
     return cast(rows)
 
 
-def assert_storable(rows, dtype, table: str):
-    """An assertion that every element of float32 ``rows`` (new rows of ``table``) is finite and
-    within the 16-bit ``dtype``'s range: else the step fails naming the table, before the rows
-    are written (rounding would store inf, which turns to NaN in the next step)."""
-    limit = float(tf.as_dtype(dtype).max)
-    outside = tf.logical_not(tf.abs(rows) <= limit)  # NaN compares False
-    return tf.debugging.Assert(
-        tf.logical_not(tf.reduce_any(outside)),
-        [
-            f"Table '{table}' is stored in {tf.as_dtype(dtype).name} (table_dtype), whose "
-            f"largest value is {limit:g}; the update would write values beyond it or inf/NaN, "
-            "so the step stops instead. Lower the learning rate, or store the table in "
-            "bfloat16 or float32. Elements out of range:",
-            tf.reduce_sum(tf.cast(outside, tf.int64)),
-            "largest |value|:",
-            tf.reduce_max(tf.abs(rows)),
-        ],
-        name="storable_" + "".join(c if c.isalnum() else "_" for c in table),
-    )
+class RoundedTables(NamedTuple):
+    """A block's model-parallel tables stored in a 16-bit ``dtype``, the same on every rank:
+    the block marks its local variables with it (:func:`mark_rounded_tables`) so that an
+    optimizer writing 16-bit rows knows, on a rank that holds none of them, which ranks'
+    updates it must agree with (``rowwise/storable.py``).
+
+    Attributes:
+        prefix: The block's collective prefix (its name and tables).
+        owner: The key of the block's table marks (``variables.TableMark.owner``).
+        world_size: The block's ranks.
+        dtype: The tables' dtype name.
+        tables: The tables, in plan order.
+    """
+
+    prefix: str
+    owner: int
+    world_size: int
+    dtype: str
+    tables: tuple
+
+
+_ROUNDED_ATTR = "_mmde_rounded_tables"  # set by the backend's build, read here only
+
+
+def mark_rounded_tables(var, tables: RoundedTables) -> None:
+    """Marks ``var`` (a local variable of the block) with the block's 16-bit tables."""
+    setattr(var, _ROUNDED_ATTR, tables)
+
+
+def rounded_tables(var) -> RoundedTables | None:
+    """The :class:`RoundedTables` of a variable :func:`mark_rounded_tables` marked, else None."""
+    return getattr(var, _ROUNDED_ATTR, None)
+
+
+def largest_magnitude(rows):
+    """The largest |value| of float32 ``rows`` (0 for none), inf when any is inf or NaN: a
+    16-bit table holds the rows only when it is at most its dtype's largest value (rounding
+    would store inf, which turns to NaN in the next step). Two reductions, for every step."""
+    largest = tf.reduce_max(tf.concat([tf.reshape(tf.abs(rows), [-1]), [0.0]], 0))
+    finite = tf.math.is_finite(tf.reduce_sum(rows * 0.0))  # NaN once any is inf or NaN
+    return tf.where(finite, largest, float("inf"))
 
 
 def _hash32(x):

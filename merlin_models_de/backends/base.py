@@ -39,6 +39,7 @@ from merlin_models_de.backends.validate import (
 )
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
+from merlin_models_de.rounding import RoundedTables, is_narrow, mark_rounded_tables
 from merlin_models_de.runtime import agree
 from merlin_models_de.tables import table_dtype_name
 from merlin_models_de.variables import TableMark, mark_local, mark_table
@@ -146,6 +147,18 @@ class EmbeddingBackend(abc.ABC):
             mark_table(
                 var, TableMark(s.table, dim, s.cols, whole, id(self), s.row_start, s.col_start)
             )
+        # 16-bit tables: every rank learns which, for the range check it joins (rowwise)
+        stored = [
+            t.name
+            for t in self.plan.tables
+            if self.plan.kind_of(t.name) is not ShardingType.DATA_PARALLEL
+        ]
+        if stored and is_narrow(self.table_dtype):
+            mark = RoundedTables(
+                self.prefix, id(self), self.world_size, self.table_dtype.name, tuple(stored)
+            )
+            for var in self.local_variables():
+                mark_rounded_tables(var, mark)
 
     def storage_dtype(self, table: str):
         """The dtype ``table``'s variables hold (replicated tables: the block's)."""

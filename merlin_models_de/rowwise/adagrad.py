@@ -29,14 +29,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.rounding import (
-    assert_storable,
-    is_narrow,
-    random_bits,
-    stochastic_round,
-    widened,
-)
-from merlin_models_de.rowwise.columns import ColumnSums, column_sums
+from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round
+from merlin_models_de.rowwise.columns import ColumnSums, column_sums, unique_rows
+from merlin_models_de.rowwise.storable import agreed_storable
 from merlin_models_de.scatter import write_rows
 from merlin_models_de.variables import mark_row_state, table_mark
 
@@ -45,6 +40,8 @@ ELEMENT_SLOT = "accumulator"
 # the key of this apply's column-sliced sums in Keras' apply_state, the dict an apply passes
 # to every variable's update
 COLUMN_SUMS = "mmde_rowwise_column_sums"
+# ... and of its 16-bit tables' new rows, computed and checked before any is written
+ROUNDED_ROWS = "mmde_rowwise_rounded_rows"
 
 
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
@@ -124,7 +121,31 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         # before any variable's update (those run one variable at a time)
         grads_and_vars = list(grads_and_vars)
         apply_state = {**(apply_state or {}), COLUMN_SUMS: column_sums(grads_and_vars)}
+        apply_state[ROUNDED_ROWS] = self._rounded_rows(grads_and_vars, apply_state)
         return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
+
+    def _rounded_rows(self, grads_and_vars, apply_state) -> dict:
+        """``{variable ref: (row ids, new accumulator rows, new 16-bit rows)}`` of the
+        16-bit tables among ``grads_and_vars``: all computed first, then checked against the
+        dtype's range by every rank together (``storable.agreed_storable``, one allgather),
+        so that a row out of range on any rank stops every rank before anything is written."""
+        planned = []
+        for grad, var in grads_and_vars:
+            if grad is None or table_mark(var) is None or not is_narrow(var.dtype):
+                continue
+            c = self._coefficients(var, apply_state)
+            if table_mark(var).column_sliced:
+                ids, rows, square_sums = self._column_sums(apply_state).of(var)
+            else:
+                ids, rows = unique_rows(grad, var)
+                square_sums = tf.reduce_sum(tf.square(rows), axis=1)
+            planned.append((var, ids, *self._new_rows(var, ids, rows, square_sums, c)))
+        checks = agreed_storable([(p[0], p[3]) for p in planned], [v for _, v in grads_and_vars])
+        with tf.control_dependencies(checks):
+            return {
+                var.ref(): (ids, tf.identity(acc_rows), self._rounded(var, ids, new))
+                for var, ids, acc_rows, new in planned
+            }
 
     @staticmethod
     def _column_sums(apply_state) -> ColumnSums:
@@ -144,24 +165,20 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 grad=grad,
                 use_locking=self._use_locking,
             )
+        if is_narrow(var.dtype):
+            return self._write_rounded(var, apply_state)
         if mark.column_sliced:
             return self._rows_update(var, *self._column_sums(apply_state).of(var), c)
-        grad = widened(grad)
         acc = self.get_slot(var, ROW_SLOT)
         mean = tf.reduce_sum(tf.square(grad), axis=1, keepdims=True) / mark.dim
-        if is_narrow(var.dtype):  # both written once the new rows passed the range check
-            new = acc + mean
-            step = grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"]))
-            rows = tf.range(tf.shape(var, out_type=tf.int64)[0])
-            rounded = self._rounded(var, rows, tf.cast(var, tf.float32) + step)
-            with tf.control_dependencies([rounded]):
-                return tf.group(acc.assign(new), var.assign(rounded))
         new = acc.assign_add(mean, use_locking=self._use_locking, read_value=True)
         step = grad * (c["neg_lr_t"] / (tf.sqrt(new) + c["epsilon"]))
         return var.assign_add(step, use_locking=self._use_locking, read_value=False)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         mark = table_mark(handle)
+        if mark is not None and is_narrow(handle.dtype):  # computed and checked already
+            return self._write_rounded(handle, kwargs.get("apply_state"))
         if mark is not None and mark.column_sliced:  # summed with the whole-row sums
             apply_state = kwargs.get("apply_state")
             return self._rows_update(
@@ -169,8 +186,6 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 *self._column_sums(apply_state).of(handle),
                 self._coefficients(handle, apply_state),
             )
-        if mark is not None:  # a 16-bit table's duplicates are summed in float32
-            grad = widened(grad)
         return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
@@ -192,23 +207,37 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
 
     def _rows_update(self, var, ids, rows, square_sums, c):
         """``acc[ids] += square_sums / dim``, then ``var[ids] -= lr * rows / (sqrt(acc) + eps)``
-        (``ids`` unique, ``square_sums`` over the whole row): the rows gathered, updated in
-        float32 and written back (``scatter.write_rows``)."""
+        (``ids`` unique, ``square_sums`` over the whole row): the rows gathered, updated and
+        written back (``scatter.write_rows``)."""
+        return self._write(var, ids, *self._new_rows(var, ids, rows, square_sums, c))
+
+    def _new_rows(self, var, ids, rows, square_sums, c):
+        """``(new accumulator rows, new rows)`` of the update :meth:`_rows_update` writes
+        (float32 rows for a 16-bit table)."""
         acc = self.get_slot(var, ROW_SLOT)
         acc_rows = tf.gather(acc, ids) + tf.expand_dims(square_sums, 1) / table_mark(var).dim
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
-        new = tf.cast(tf.gather(var, ids), step.dtype) + step  # float32 for 16-bit rows
-        if is_narrow(var.dtype):
-            new = self._rounded(var, ids, new)
-            with tf.control_dependencies([new]):  # a row out of range writes neither
-                acc_rows = tf.identity(acc_rows)
-        return tf.group(write_rows(acc, ids, acc_rows), write_rows(var, ids, new))
+        return acc_rows, tf.cast(tf.gather(var, ids), step.dtype) + step
+
+    def _write_rounded(self, var, apply_state):
+        """Writes a 16-bit table's rows and row state that :meth:`_rounded_rows` computed."""
+        planned = (apply_state or {}).get(ROUNDED_ROWS, {})
+        if var.ref() not in planned:
+            raise ValueError(
+                f"RowWiseAdagrad updates 16-bit table '{table_mark(var).table}' in "
+                "apply_gradients only (its rows are checked on every rank before any is "
+                f"written). Received: variable={var.name!r}"
+            )
+        return self._write(var, *planned[var.ref()])
+
+    def _write(self, var, ids, acc_rows, rows):
+        return tf.group(
+            write_rows(self.get_slot(var, ROW_SLOT), ids, acc_rows), write_rows(var, ids, rows)
+        )
 
     def _rounded(self, var, ids, rows):
         """float32 ``rows`` (the rows ``ids`` of ``var``) stochastically rounded to ``var``'s
-        16-bit dtype, with noise drawn from the rows' places in the table and the step; after
-        the check that the dtype holds them (``rounding.assert_storable``: else the step fails
-        naming the table)."""
+        16-bit dtype, with noise drawn from the rows' places in the table and the step."""
         mark = table_mark(var)
         bits = random_bits(
             tf.cast(ids, tf.int64) + mark.first_row,
@@ -218,8 +247,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
             self.iterations,
             mark.table,
         )
-        with tf.control_dependencies([assert_storable(rows, var.dtype, mark.table)]):
-            return stochastic_round(rows, var.dtype, bits)
+        return stochastic_round(rows, var.dtype, bits)
 
     def get_config(self):
         config = super().get_config()
