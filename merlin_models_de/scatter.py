@@ -72,9 +72,19 @@ def adagrad_rows(var, accumulator, indices, grad, lr, epsilon):
     ``accumulator[i] += grad**2``, then ``var[i] -= lr * grad / (sqrt(accumulator[i]) +
     epsilon)``, the floats of TF's fused CPU kernel (neither contracts a multiply-add). Returns
     the op that runs after both writes."""
+    indices = after_values(indices, grad)
     acc_rows = tf.gather(accumulator, indices) + tf.square(grad)
     rows = tf.gather(var, indices) - lr * grad / (tf.sqrt(acc_rows) + epsilon)
     return tf.group(write_rows(accumulator, indices, acc_rows), write_rows(var, indices, rows))
+
+
+def after_values(indices, values):
+    """``indices`` once ``values`` (their gradient rows) exist. A gradient's values come from
+    the step's forward, its indices straight from the lookup's ids: a gather at the indices
+    alone (an optimizer reading its state) could run before the lookup and, for an id outside
+    the table (``validate_ids=False``), fail first, naming itself instead of the lookup."""
+    with tf.control_dependencies([values]):
+        return tf.identity(indices)
 
 
 def write_rows(var, indices, rows):

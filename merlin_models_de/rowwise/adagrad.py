@@ -32,7 +32,7 @@ from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round
 from merlin_models_de.rowwise.columns import ColumnSums, column_sums, unique_rows
 from merlin_models_de.rowwise.storable import agreed_storable
-from merlin_models_de.scatter import write_rows
+from merlin_models_de.scatter import after_values, write_rows
 from merlin_models_de.variables import mark_row_state, table_mark
 
 ROW_SLOT = "row_accumulator"
@@ -215,6 +215,7 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
         """``(new accumulator rows, new rows)`` of the update :meth:`_rows_update` writes
         (float32 rows for a 16-bit table)."""
         acc = self.get_slot(var, ROW_SLOT)
+        ids = after_values(ids, rows)  # the lookup fails first on a bad id, named
         acc_rows = tf.gather(acc, ids) + tf.expand_dims(square_sums, 1) / table_mark(var).dim
         step = rows * (c["neg_lr_t"] / (tf.sqrt(acc_rows) + c["epsilon"]))
         return acc_rows, tf.cast(tf.gather(var, ids), step.dtype) + step
