@@ -141,10 +141,15 @@ class RowWiseAdagrad(tf.keras.optimizers.legacy.Optimizer):
                 square_sums = tf.reduce_sum(tf.square(rows), axis=1)
             planned.append((var, ids, *self._new_rows(var, ids, rows, square_sums, c)))
         checks = agreed_storable([(p[0], p[3]) for p in planned], [v for _, v in grads_and_vars])
+        # the rounding runs while the check's collective does; only the writes wait for it
+        rounded = [
+            (var, ids, acc_rows, self._rounded(var, ids, new))
+            for var, ids, acc_rows, new in planned
+        ]
         with tf.control_dependencies(checks):
             return {
-                var.ref(): (ids, tf.identity(acc_rows), self._rounded(var, ids, new))
-                for var, ids, acc_rows, new in planned
+                var.ref(): (ids, tf.identity(acc_rows), tf.identity(rows))
+                for var, ids, acc_rows, rows in rounded
             }
 
     @staticmethod
