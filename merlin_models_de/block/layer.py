@@ -503,6 +503,23 @@ class DistributedEmbeddings(
             if t.dynamic is not None
         }
 
+    def dynamic_maps(self) -> dict:
+        """Collective: ``{table: whole map}`` of the dynamic tables, every rank's slots in row
+        order (what :meth:`set_dynamic_maps` of a one-process copy takes)."""
+        self.ensure_built()
+        return {
+            table: dynamic_contents.whole_map(keymap, self.backend.defaults[table])
+            for table, keymap in getattr(self.backend, "keymaps", {}).items()
+        }
+
+    def set_dynamic_maps(self, maps: dict) -> None:
+        """Sets the dynamic tables' maps from :meth:`dynamic_maps` (one process: the export's
+        copy, whose rows :meth:`set_global_weights` wrote in the same order)."""
+        self.ensure_built()
+        for table, whole in maps.items():
+            keymap, _ = self._dynamic_parts(table)
+            dynamic_contents.load_whole_map(keymap, self.backend.defaults[table], whole)
+
     def _dynamic_parts(self, name: str):
         table = next(
             (t.name for t in self.tables if name == t.name or name in {f.name for f in t.features}),

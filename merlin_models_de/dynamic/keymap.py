@@ -30,6 +30,8 @@ import tensorflow as tf
 
 from merlin_models_de.tables import DynamicTable
 
+AutoTrackable = tf.__internal__.tracking.AutoTrackable
+
 NEVER = 2**63 - 1  # a score no row is taken at
 FREE = -1  # an empty row's score: empty rows go first
 SCORE_PART = 2**31 - 1  # each half of an lfu score (count, last step) is capped at this
@@ -39,10 +41,15 @@ def _int64(value: int):
     return tf.constant(value, tf.int64)
 
 
-class SlotTable:
-    """``rows`` slots, each empty or holding one key, its count and the step it was last seen."""
+class SlotTable(AutoTrackable):
+    """``rows`` slots, each empty or holding one key, its count and the step it was last seen.
+
+    Trackable but not a ``tf.Module``: the block tracks it, so a SavedModel holds the index its
+    lookups read, while Keras does not count its variables as weights (which Horovod would
+    broadcast from rank 0 and checkpoints would save as the block's)."""
 
     def __init__(self, rows: int, name: str):
+        super().__init__()
         self.rows = rows
 
         def variable(suffix):
@@ -136,10 +143,11 @@ class SlotTable:
         return [self.keys, self.counts, self.seen]
 
 
-class KeyMap:
+class KeyMap(AutoTrackable):
     """The key -> row map of one rank's slice (``rows`` rows) of a dynamic table."""
 
     def __init__(self, rows: int, option: DynamicTable, name: str):
+        super().__init__()
         self.option = option
         self.table = SlotTable(rows, name)
         # keys seen fewer than admit_after times, with their sightings (lru when full)

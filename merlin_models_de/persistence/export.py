@@ -148,13 +148,14 @@ def save_single_process(model, save, export_path, *args, **kwargs):
     what ``export_path`` held in one step (see the module doc)."""
     blocks = embedding_blocks(model)
     tables = [b.get_global_weights() for b in blocks]
+    maps = [b.dynamic_maps() for b in blocks]  # dynamic tables' keys, in the rows' order
     agree.on_rank_zero(
         "exporting the model from rank 0",
-        lambda: _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs),
+        lambda: _save_rank0(model, blocks, tables, maps, save, export_path, *args, **kwargs),
     )
 
 
-def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
+def _save_rank0(model, blocks, tables, maps, save, export_path, *args, **kwargs):
     dense = [w.numpy() for w in dense_weights(model, blocks)]
     with comm.single_process(), keras_compat.keras_names_kept():  # names: the same on every rank
         clone = model.__class__.from_config(model.get_config())
@@ -171,6 +172,7 @@ def _save_rank0(model, blocks, tables, save, export_path, *args, **kwargs):
             )
         for var, value in zip(targets, dense):
             var.assign(value)
-        for block, arrays in zip(clone_blocks, tables):
+        for block, arrays, dynamic in zip(clone_blocks, tables, maps):
             block.set_global_weights(arrays)
+            block.set_dynamic_maps(dynamic)
         write_whole(export_path, lambda path: save(clone, path, *args, **kwargs))

@@ -1,7 +1,12 @@
 """Dynamic tables on 2 ranks: while no rank's share is full, training equals one process with
 the global batch (per-step losses, dense weights, the fixed table, the default rows, and the
 dynamic tables read back by key) for SGD, Adagrad, row-wise Adagrad and Adam; with eviction,
-each rank's key map equals the plain-Python reference map fed the keys that rank owns."""
+each rank's key map equals the plain-Python reference map fed the keys that rank owns; the
+saved model serves every key from its trained row."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +17,7 @@ from merlin_models_de.dynamic.keys import owner_of
 from merlin_models_de.variables import embedding_blocks
 from tests.dynamic_reference import ReferenceKeyMap
 from tests.ranks import dynamic_model as dm
+from tests.ranks.one_process import one_process_env
 from tests.ranks.oracle_dlrm import LossRecorder, optimizer
 from tests.ranks.test_fit import reference
 
@@ -97,3 +103,52 @@ def test_each_rank_evicts_as_the_reference_fed_its_keys():
             expected.evicted,
         ), table
         assert expected.evicted > 0, table  # the policy was exercised
+
+
+def test_the_saved_model_maps_every_key_to_its_trained_row(tmp_path_factory):
+    """model.save on 2 ranks writes one process's SavedModel: it predicts what the 2 ranks
+    predict, keys never seen included (they read the default row)."""
+    n, r = comm.size(), comm.rank()
+    data = comm.broadcast_object(dm.make_data(n * PER_RANK * 3, 3, seed=7))
+    data["item"][::5] += 10**9  # every fifth sample asks for a key training never saw
+    model = dm.build_model(dm.no_eviction())
+    model.compile(optimizer="adagrad")
+    rows = rank_rows(len(data["label"]))
+    train = {k: v.copy() for k, v in data.items()}
+    train["item"][::5] -= 10**9
+    model.fit(dm.dataset(train, rows, PER_RANK), epochs=1, verbose=0)
+    path = comm.broadcast_object(str(tmp_path_factory.mktemp("export")) if r == 0 else None)
+    model.save(path)
+    x, _ = dm.inputs(data, rows)
+    mine = model.predict(x, batch_size=PER_RANK, verbose=0)
+    everyone = comm.allgather_object((rows, mine))
+    problem = None
+    if r == 0:
+        order = np.concatenate([rw for rw, _ in everyone])
+        distributed = np.concatenate([p for _, p in everyone])[np.argsort(order)]
+        code = (
+            "import sys, numpy as np\n"
+            "from tests.ranks import dynamic_model as dm\n"
+            "import merlin_models_de\n"
+            "data = dict(np.load(sys.argv[2]))\n"
+            "m = merlin_models_de.load_model(sys.argv[1])\n"
+            "x, _ = dm.inputs(data, np.arange(len(data['label'])))\n"
+            "np.save(sys.argv[3], m.predict(x, batch_size=64, verbose=0))\n"
+        )
+        src, out = os.path.join(path, "..", "data.npz"), os.path.join(path, "..", "pred.npy")
+        np.savez(src, **data)
+        run = subprocess.run(
+            [sys.executable, "-c", code, path, src, out],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=one_process_env(),
+        )
+        problem = run.stderr[-3000:] if run.returncode else None
+        if problem is None:
+            try:
+                np.testing.assert_allclose(np.load(out), distributed, rtol=1e-5, atol=1e-6)
+            except AssertionError as err:
+                problem = str(err)
+    problem = comm.broadcast_object(problem)  # every rank fails with rank 0's finding
+    assert problem is None, problem

@@ -130,7 +130,11 @@ class HorovodBackend(EmbeddingBackend):
                     initializer="zeros",
                     trainable=trains(s.table),
                 )
-                self.keymaps[s.table] = KeyMap(s.rows, table.dynamic, f"{self.prefix}_{s.table}")
+                # eager even when Keras builds the block inside fit's traced step: a hash
+                # table made in a graph would be made afresh at every step
+                with tf.init_scope():
+                    keymap = KeyMap(s.rows, table.dynamic, f"{self.prefix}_{s.table}")
+                self.keymaps[s.table] = keymap
                 self.defaults[s.table] = layer.add_weight(
                     name=f"default_{s.table}",
                     shape=(1, table.dim),
@@ -146,6 +150,8 @@ class HorovodBackend(EmbeddingBackend):
         # the others run (a hang). Empty sends read this zero scalar, so every rank records
         # every exchange. Every output also reads it (as an exact 0), so its gradient is
         # always 0 and exists on every rank; it is local, so never allreduced.
+        if self.keymaps:  # tracked by the block: its SavedModel holds the maps it reads
+            layer.dynamic_keymaps = self.keymaps
         self.anchor = layer.add_weight(
             name="exchange_anchor", shape=(), initializer="zeros", trainable=True
         )
