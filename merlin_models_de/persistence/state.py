@@ -96,8 +96,11 @@ def model_state(model) -> ModelState:
             (it lives outside the optimizer's variables, or a slot of a sharded table is not
             shaped like the shard).
         ValueError: when two of the model's variables claim the same slot (equal names).
+        NotImplementedError: naming the tables, for dynamic tables (their key maps are not
+            part of a sharded checkpoint; ``model.save`` exports them).
     """
     blocks = embedding_blocks(model)
+    _refuse_dynamic_tables(blocks)
     dense = dense_weights(model, blocks)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
@@ -108,6 +111,17 @@ def model_state(model) -> ModelState:
     _check_shard_slots(state, blocks)
     state.extra = _extra_variables(state, claimed)
     return state
+
+
+def _refuse_dynamic_tables(blocks) -> None:
+    """A dynamic table's rows mean nothing without its keys, which a sharded checkpoint does
+    not hold: refused (the same on every rank: the tables are in the block's config)."""
+    dynamic = [t.name for b in blocks for t in getattr(b, "tables", ()) if t.dynamic is not None]
+    if dynamic:
+        raise NotImplementedError(
+            f"Sharded checkpoints and elastic training do not hold dynamic tables' keys yet; "
+            f"model.save exports them with their rows. Received: dynamic tables {dynamic}"
+        )
 
 
 def _claimed_slots(state, variables) -> set:

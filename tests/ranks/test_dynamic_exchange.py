@@ -105,6 +105,7 @@ def test_each_rank_evicts_as_the_reference_fed_its_keys():
         assert expected.evicted > 0, table  # the policy was exercised
 
 
+@pytest.mark.full  # 66 s: a save and a fresh process's load
 def test_the_saved_model_maps_every_key_to_its_trained_row(tmp_path_factory):
     """model.save on 2 ranks writes one process's SavedModel: it predicts what the 2 ranks
     predict, keys never seen included (they read the default row)."""

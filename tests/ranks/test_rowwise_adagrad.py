@@ -189,6 +189,7 @@ def _gathered_row_state(model):
     return out
 
 
+@pytest.mark.full  # the CI tier's row-wise checkpoint: the 2-rank -> 1-process restore below
 def test_checkpoint_holds_one_value_per_row(hvd, tmp_path_factory):
     _, _, model, directory = _trained(tmp_path_factory, seed=14)
     saved = read_full_tables(latest_checkpoint(directory))

@@ -102,3 +102,11 @@ def test_the_config_holds_the_options():
     copy = DistributedEmbeddings.from_config(emb.get_config())
     assert copy.dynamic_tables == {"item": DynamicTable(capacity=5, admit_after=2)}
     assert next(t for t in copy.tables if t.name == "item").rows == 5
+
+
+def test_a_sharded_checkpoint_refuses_dynamic_tables_naming_them():
+    from merlin_models_de.persistence.state import model_state
+
+    model = tf.keras.Sequential([block()])
+    with pytest.raises(NotImplementedError, match=r"Received: dynamic tables \['item'\]"):
+        model_state(model)
