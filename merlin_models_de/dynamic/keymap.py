@@ -48,7 +48,7 @@ class SlotTable(AutoTrackable):
     lookups read, while Keras does not count its variables as weights (which Horovod would
     broadcast from rank 0 and checkpoints would save as the block's)."""
 
-    def __init__(self, rows: int, name: str):
+    def __init__(self, rows: int, name: str, prefix: bool = False):
         super().__init__()
         self.rows = rows
 
@@ -58,6 +58,14 @@ class SlotTable(AutoTrackable):
         self.keys = variable("keys")
         self.counts = variable("counts")  # 0: the slot is empty
         self.seen = variable("seen")  # the step a key was last seen (steps count from 1)
+        # prefix=True (a table that never empties a slot): slots [0, filled) are used, the rest
+        # empty, so new keys take the next rows without scoring every row; ``rows`` once the
+        # order is unknown (a map loaded whole), which always scores
+        self.filled = (
+            tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_filled")
+            if prefix
+            else None
+        )
         self.index = tf.lookup.experimental.MutableHashTable(
             tf.int64, tf.int64, default_value=-1, name=f"{name}_index"
         )
@@ -100,14 +108,25 @@ class SlotTable(AutoTrackable):
         )
 
     def place(self, keys, counts, step, scores):
-        """Puts the first keys into the rows of lowest ``scores`` (as many as have a score
+        """Puts the first keys into the rows of lowest ``scores()`` (as many as have a score
         below NEVER). Returns ``(rows taken, the keys placed, how many keys were evicted)``."""
 
-        def placed():
+        def ranked():
             k = tf.minimum(tf.size(keys), self.rows)
-            top = tf.math.top_k(-scores, k)  # equal scores: the lower row first
+            top = tf.math.top_k(-scores(), k)  # equal scores: the lower row first
             m = tf.reduce_sum(tf.cast(top.values > -NEVER, tf.int32))
-            taken = tf.cast(top.indices[:m], tf.int64)
+            return tf.cast(top.indices[:m], tf.int64)
+
+        def next_rows():  # the empty rows are the suffix: the lowest of them, no scoring
+            return self.filled + tf.range(tf.size(keys, out_type=tf.int64))
+
+        def placed():
+            if self.filled is None:
+                taken = ranked()
+            else:
+                room = self.rows - self.filled
+                taken = tf.cond(tf.size(keys, out_type=tf.int64) <= room, next_rows, ranked)
+            m = tf.size(taken)
             new_keys = keys[:m]
             was_used = tf.gather(self.counts, taken) > 0
             evicted = tf.boolean_mask(tf.gather(self.keys, taken), was_used)
@@ -115,6 +134,8 @@ class SlotTable(AutoTrackable):
             self.index.insert(new_keys, taken)
             self.keys.scatter_nd_update(taken[:, None], new_keys)
             self.set(taken, counts[:m], step)
+            if self.filled is not None:
+                self.filled.assign(tf.minimum(self.filled + tf.cast(m, tf.int64), self.rows))
             return taken, new_keys, tf.size(evicted, out_type=tf.int64)
 
         def nothing():
@@ -134,13 +155,18 @@ class SlotTable(AutoTrackable):
         self.index.remove(tf.boolean_mask(keys, held))
 
     def rebuild_index(self) -> None:
-        """The index from the slots (after the variables were restored)."""
+        """The index from the slots (after the variables were restored); the used rows may
+        have holes now, so new keys go by scores."""
+        if self.filled is not None:
+            self.filled.assign(self.rows)
         used = self.counts > 0
         self.index.remove(self.index.export()[0])
         self.index.insert(tf.boolean_mask(self.keys, used), tf.cast(tf.where(used)[:, 0], tf.int64))
 
     def variables(self) -> list:
-        return [self.keys, self.counts, self.seen]
+        return [self.keys, self.counts, self.seen] + (
+            [self.filled] if self.filled is not None else []
+        )
 
 
 class KeyMap(AutoTrackable):
@@ -149,7 +175,7 @@ class KeyMap(AutoTrackable):
     def __init__(self, rows: int, option: DynamicTable, name: str):
         super().__init__()
         self.option = option
-        self.table = SlotTable(rows, name)
+        self.table = SlotTable(rows, name, prefix=True)  # a key map never empties a row
         # keys seen fewer than admit_after times, with their sightings (lru when full)
         self.candidates = (
             SlotTable(option.candidates or rows, f"{name}_candidates")
@@ -179,7 +205,10 @@ class KeyMap(AutoTrackable):
         self.table.touch(used, tf.boolean_mask(counts, hit), step)
         new, new_counts = tf.boolean_mask(unique, ~hit), tf.boolean_mask(counts, ~hit)
         total, want = self._sightings(new, new_counts)
-        scores = self.table.scores(self.option.evict, step, self.option.ttl, keep=used)
+
+        def scores():  # scored only when the empty rows do not suffice
+            return self.table.scores(self.option.evict, step, self.option.ttl, keep=used)
+
         taken, placed, evicted = self.table.place(
             tf.boolean_mask(new, want), tf.boolean_mask(total, want), step, scores
         )
@@ -214,7 +243,10 @@ class KeyMap(AutoTrackable):
         known = slots >= 0
         old = tf.boolean_mask(slots, known)
         cands.set(old, tf.boolean_mask(totals, known), step)
-        scores = cands.scores("lru", step, None, keep=old)
+
+        def scores():
+            return cands.scores("lru", step, None, keep=old)
+
         cands.place(tf.boolean_mask(keys, ~known), tf.boolean_mask(totals, ~known), step, scores)
 
     def variables(self) -> list:

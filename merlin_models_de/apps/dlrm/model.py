@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from merlin_models_de.apps.common.dynamic import dynamic_tables
 from merlin_models_de.apps.common.options import LOCAL_TABLES, placement_options
 from merlin_models_de.compat import merlin as merlin_compat
 
@@ -69,6 +70,7 @@ def model_for(args, schema):
             table_dtype=args.table_dtype,
             exchange_ahead=args.exchange_ahead,
             merge_backward=args.merge_backward,
+            dynamic_tables=dynamic_tables(args, schema),
         )
     label = schema.select_by_tag(Tags.BINARY_CLASSIFICATION).column_names
     if len(label) != 1:

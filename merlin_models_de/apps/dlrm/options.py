@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from merlin_models_de.apps.common.dynamic import add_dynamic_options, dynamic_problem
 from merlin_models_de.apps.common.optimizers import OPTIMIZERS
 from merlin_models_de.apps.common.options import (
     EMBEDDINGS,
@@ -146,6 +147,7 @@ def parser(prog: str | None = None, description: str | None = None) -> argparse.
         help="the sharded tables' storage (16 bits: half the memory; needs --optimizer "
         "rowwise_adagrad; horovod backend)",
     )
+    add_dynamic_options(place)
     out = ap.add_argument_group("output")
     add_run_options(out, checkpoint_help="save each epoch; resume from it")
     out.add_argument("--export", default=None, help="SavedModel path (single-process model)")
@@ -169,6 +171,9 @@ def check_options(args) -> str | None:  # noqa: C901 (one flat check per option)
         if value is not None and value < least:
             flag = "--" + name.replace("_", "-")
             return f"{flag} must be >= {least}. Received: {flag}={value}"
+    problem = dynamic_problem(args)
+    if problem:
+        return problem
     lr = args.learning_rate
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         return f"--learning-rate must be a finite number > 0. Received: --learning-rate={lr}"
