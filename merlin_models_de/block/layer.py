@@ -27,6 +27,11 @@ from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.backends.step import current_step
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.block import regularization as reg
+from merlin_models_de.block.dynamic import (
+    DynamicTablesMixin,
+    backend_for_dynamic,
+    dynamic_options,
+)
 from merlin_models_de.block.handles import (
     TableAccessMixin,
     bind_table_weights,
@@ -36,12 +41,10 @@ from merlin_models_de.block.handles import (
 from merlin_models_de.block.notices import one_rank_notice
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
-from merlin_models_de.dynamic import contents as dynamic_contents
 from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
 from merlin_models_de.planner import placed_like, validate_options
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import (
-    DynamicTable,
     feature_order,
     is_layer_combiner,
     narrow_table_bytes,
@@ -73,6 +76,7 @@ IGNORED_LIKE_MERLIN = (
 @tf.keras.utils.register_keras_serializable(package="merlin_models_de")
 class DistributedEmbeddings(
     TableAccessMixin,
+    DynamicTablesMixin,
     tf_checkpoint.TableCheckpointMixin,
     keras_compat.UntrackedSublayersMixin,
     Block,
@@ -189,7 +193,7 @@ class DistributedEmbeddings(
             1, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
         )
         sequence_combiner = _deserialize_combiner(sequence_combiner)
-        self.dynamic_tables = _dynamic_options(dynamic_tables)
+        self.dynamic_tables = dynamic_options(dynamic_tables)
         self.tables = tables_from_schema(
             schema,
             dim,
@@ -233,7 +237,7 @@ class DistributedEmbeddings(
         self.exchange_dtype = exchange_dtype_name(exchange_dtype)
         self.table_dtype = table_dtype_name(table_dtype)
         self.backend_name = resolve(
-            _backend_for_dynamic(backend, self.tables),
+            backend_for_dynamic(backend, self.tables),
             self.features,
             self.exchange_dtype,
             self.table_dtype,
@@ -486,54 +490,6 @@ class DistributedEmbeddings(
             counter.assign(tf.zeros_like(counter))
         return counts
 
-    def dynamic_table(self, table: str):
-        """Collective: ``(keys, rows)`` of dynamic ``table`` (a feature or table name), every
-        key that has a row, sorted by key, on every rank."""
-        self.ensure_built()
-        keymap, var = self._dynamic_parts(table)
-        return dynamic_contents.gathered(keymap, var)
-
-    def dynamic_counters(self) -> dict:
-        """Collective: ``{table: {"keys", "admitted", "evicted"}}`` of the dynamic tables,
-        summed over ranks (keys: how many hold a row now)."""
-        self.ensure_built()
-        return {
-            t.name: dynamic_contents.counters(self._dynamic_parts(t.name)[0])
-            for t in self.tables
-            if t.dynamic is not None
-        }
-
-    def dynamic_maps(self) -> dict:
-        """Collective: ``{table: whole map}`` of the dynamic tables, every rank's slots in row
-        order (what :meth:`set_dynamic_maps` of a one-process copy takes)."""
-        self.ensure_built()
-        return {
-            table: dynamic_contents.whole_map(keymap, self.backend.defaults[table])
-            for table, keymap in getattr(self.backend, "keymaps", {}).items()
-        }
-
-    def set_dynamic_maps(self, maps: dict) -> None:
-        """Sets the dynamic tables' maps from :meth:`dynamic_maps` (one process: the export's
-        copy, whose rows :meth:`set_global_weights` wrote in the same order)."""
-        self.ensure_built()
-        for table, whole in maps.items():
-            keymap, _ = self._dynamic_parts(table)
-            dynamic_contents.load_whole_map(keymap, self.backend.defaults[table], whole)
-
-    def _dynamic_parts(self, name: str):
-        table = next(
-            (t.name for t in self.tables if name == t.name or name in {f.name for f in t.features}),
-            name,
-        )
-        keymaps = getattr(self.backend, "keymaps", {})
-        if table not in keymaps:
-            dynamic = [t.name for t in self.tables if t.dynamic is not None]
-            raise ValueError(
-                f"'{name}' is not a dynamic table of block '{self.name}' (dynamic: {dynamic}). "
-                f"Received: table={name!r}"
-            )
-        return keymaps[table], self.backend.rw[table]
-
     def get_global_weights(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
         """Collective: ``{table: full NumPy array}`` on every rank, moved in chunks."""
         self.ensure_built()
@@ -569,34 +525,6 @@ class DistributedEmbeddings(
     def ensure_built(self):
         if not self.built:
             self.build({f.name: tf.TensorShape([None]) for f in self.features})
-
-
-def _dynamic_options(value) -> dict:
-    """``dynamic`` as ``{name: DynamicTable}`` (a config's plain dicts read back)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            "dynamic_tables must be a dict {feature or table: DynamicTable(capacity=...)}. "
-            f"Received: dynamic_tables={value!r}"
-        )
-    return {
-        name: DynamicTable(**option) if isinstance(option, Mapping) else option
-        for name, option in value.items()
-    }
-
-
-def _backend_for_dynamic(backend: str, tables) -> str:
-    """``auto`` runs dynamic tables on the built-in backend; another backend refuses them."""
-    dynamic = [t.name for t in tables if t.dynamic is not None]
-    if not dynamic or backend == "horovod":
-        return backend
-    if backend == "auto":
-        return "horovod"
-    raise NotImplementedError(
-        f"Dynamic tables {dynamic} run on backend='horovod' (or 'auto') only. "
-        f"Received: backend={backend!r}"
-    )
 
 
 def _plain(value):

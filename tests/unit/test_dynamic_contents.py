@@ -87,23 +87,6 @@ def test_a_capacity_below_one_row_per_rank_is_refused():
         plan(tables, 4)
 
 
-def test_another_backend_refuses_dynamic_tables():
-    with pytest.raises(NotImplementedError, match="Received: backend='distributed-embeddings'"):
-        DistributedEmbeddings(
-            schema(),
-            dim=3,
-            backend="distributed-embeddings",
-            dynamic_tables={"item": DynamicTable(capacity=5)},
-        )
-
-
-def test_the_config_holds_the_options():
-    emb = block(admit_after=2)
-    copy = DistributedEmbeddings.from_config(emb.get_config())
-    assert copy.dynamic_tables == {"item": DynamicTable(capacity=5, admit_after=2)}
-    assert next(t for t in copy.tables if t.name == "item").rows == 5
-
-
 def test_a_sharded_checkpoint_refuses_dynamic_tables_naming_them():
     from merlin_models_de.persistence.state import model_state
 
