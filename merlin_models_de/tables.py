@@ -339,7 +339,7 @@ def tables_from_schema(
         )
     names = {c.name for c in columns}
     table_names = {_table_of(c) for c in columns}
-    _check_keys("dynamic", dynamic, names | table_names)
+    _check_keys("dynamic_tables", dynamic, names | table_names)
     dynamic_of = _dynamic_options(columns, dynamic or {})
     for col in columns:
         _rows_of(col, dynamic_of.get(_table_of(col)))  # a column without a domain fails first
@@ -374,6 +374,12 @@ def tables_from_schema(
                 hotness=declared_hotness(col)[0] if multi else None,
             )
         )
+    for t in dynamic_of:
+        if len(feats[t]) > 1:  # one key map update per step and table (dynamic/keymap.py)
+            raise NotImplementedError(
+                f"A dynamic table is read by one feature; table '{t}' is shared by "
+                f"{[f.name for f in feats[t]]}. Received: dynamic_tables naming '{t}'"
+            )
     return tuple(TableSpec(t, rows[t], dims[t], tuple(feats[t]), dynamic_of.get(t)) for t in rows)
 
 
@@ -392,7 +398,9 @@ def _dynamic_options(columns, dynamic: Mapping[str, Any]) -> dict[str, DynamicTa
         if option is None:
             continue
         if not isinstance(option, DynamicTable):
-            raise ValueError(f"dynamic['{col.name}'] must be a DynamicTable. Received: {option!r}")
+            raise ValueError(
+                f"dynamic_tables['{col.name}'] must be a DynamicTable. Received: {option!r}"
+            )
         dtype = _dtype_name(col)
         if not dtype.startswith(("int", "uint")) and dtype not in ("None", "unknown"):
             raise ValueError(

@@ -191,7 +191,7 @@ class EmbeddingBackend(abc.ABC):
         problems=(),
         following=None,
         waiting=None,
-        optimizer_state=None,
+        key_updates=None,
     ) -> list:
         """Ordered list of ``(ids, row_lengths)`` -> ordered list of outputs.
 
@@ -200,23 +200,23 @@ class EmbeddingBackend(abc.ABC):
         exchange, as bad ids do. ``following``: ``(next inputs, their problems)``, the next
         batch of a training step (empty after the last), or None. ``waiting``: the training
         step's list where the exchanges' backward waits for the optimizer
-        (``backends/step.py``), or None. ``optimizer_state``: the training step's
-        ``TrainingStep.optimizer_state`` (a dynamic table's new rows start from it), or None.
+        (``backends/step.py``), or None. ``key_updates``: what a training call
+        does to the dynamic tables' key maps (:class:`..step.KeyUpdates`), or None.
         """
         batch = batch_size(inputs)
         if self.out_of_range is not None:
             self.out_of_range.assign_add(ids_outside(inputs, self.features, self.tables))
         if following is not None and self.supports_ahead and self.world_size > 1:
             return self.step_ahead(
-                inputs, batch, problems, following, training, waiting, optimizer_state
+                inputs, batch, problems, following, training, waiting, key_updates
             )
         header, check = self.header_and_check(inputs, batch, problems)
         return self.exchange_and_lookup(
-            inputs, batch, header, check, training, waiting, optimizer_state
+            inputs, batch, header, check, training, waiting, key_updates
         )
 
     def step_ahead(
-        self, inputs: list, batch, problems, following, training: bool, waiting, optimizer_state
+        self, inputs: list, batch, problems, following, training: bool, waiting, key_updates
     ) -> list:
         """A training step that also sends the next batch's ids (``supports_ahead``)."""
         raise NotImplementedError(f"backend {self.name!r} exchanges ids inside the step only")
@@ -266,12 +266,12 @@ class EmbeddingBackend(abc.ABC):
         check: Callable,
         training: bool,
         waiting=None,
-        optimizer_state=None,
+        key_updates=None,
     ) -> list:
         """The backend's own stages. ``header`` must reach every rank in the first exchange;
         ``check(received, received_splits)`` gives the assertions that must run before any
         lookup (``received`` holds, per source rank, a segment starting with the header).
-        ``waiting``, ``optimizer_state``: see :meth:`call`."""
+        ``waiting``, ``key_updates``: see :meth:`call`."""
 
     def exchange_header(self, header, check: Callable) -> list:
         """For backends whose own first exchange cannot carry the header: one allgather."""

@@ -196,10 +196,10 @@ class DistributedEmbeddingsBackend(EmbeddingBackend):
     # ---- one step ---------------------------------------------------------------------------
 
     def exchange_and_lookup(
-        self, inputs, batch, header, check, training=False, waiting=None, optimizer_state=None
+        self, inputs, batch, header, check, training=False, waiting=None, key_updates=None
     ) -> list:
         del waiting  # DE's exchanges run their backward in the tape (DistributedGradientTape)
-        del optimizer_state  # DE runs no dynamic table (unsupported)
+        del key_updates  # DE runs no dynamic table (unsupported)
         checks = self.exchange_header(header, check)  # DE's own exchanges take no header
         with tf.control_dependencies(checks):
             ids = [tf.identity(tf.reshape(i, [-1])) for i, _ in inputs]

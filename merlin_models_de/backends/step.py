@@ -68,6 +68,17 @@ class Waiting:
         return bool(self.entries)
 
 
+@dataclass(frozen=True)
+class KeyUpdates:
+    """What a training call of a block does to its dynamic tables' key maps."""
+
+    # var -> [(slot variable, initial value)] of the model's optimizer: what a row given to a
+    # new key starts from (dynamic/reset.py); None outside fit (nothing to reset)
+    optimizer_state: Callable | None = None
+    # features given placeholder ids (a FeatureSelection's call): their keys are not counted
+    placeholders: frozenset = frozenset()
+
+
 @dataclass
 class TrainingStep:
     """The values of one traced training step (see the module docstring)."""
@@ -192,6 +203,7 @@ def _same_tensor(a, b) -> bool:
 
 __all__ = [
     "NEXT_KEY",
+    "KeyUpdates",
     "TrainingStep",
     "Waiting",
     "complete_waiting",

@@ -18,8 +18,9 @@ from merlin_models_de.backends.lookup import to_ids
 from merlin_models_de.runtime import agree
 
 
-def ordered_inputs(inputs, features):
-    """``{feature: value}`` -> (ordered ``(ids, row_lengths)`` list, problems).
+def ordered_inputs(inputs, features, keys=frozenset()):
+    """``{feature: value}`` -> (ordered ``(ids, row_lengths)`` list, problems). ``keys``:
+    features of dynamic tables, whose ids are 64-bit keys (a uint64 above int64 is one).
 
     A feature that is missing or malformed (wrong rank, non-integer dtype, ...) becomes an
     empty-id placeholder of this rank's batch size and a message: the caller sends the count
@@ -36,7 +37,8 @@ def ordered_inputs(inputs, features):
             ordered.append(None)
             continue
         value = inputs[f.name]
-        if getattr(value, "dtype", None) == tf.uint64:
+        if getattr(value, "dtype", None) == tf.uint64 and f.name not in keys:
+            # a dynamic table's keys are 64-bit: a uint64 above int64 wraps, one to one
             problems.append(ids_within_int64(value, f.name))
         if not f.multi_hot and _width_unknown(value):
             value, check = one_id_per_sample(value, f.name)

@@ -14,7 +14,13 @@ from merlin_models_de.tables import DynamicTable
 
 
 class DynamicTablesMixin:
-    """The block's reads and writes of its dynamic tables (every method is collective)."""
+    """The block's reads and writes of its dynamic tables (every method but
+    :attr:`key_features` is collective)."""
+
+    @property
+    def key_features(self) -> frozenset:
+        """The features of dynamic tables: their ids are 64-bit keys."""
+        return frozenset(f.name for t in self.tables if t.dynamic is not None for f in t.features)
 
     def dynamic_table(self, table: str):
         """Collective: ``(keys, rows)`` of dynamic ``table`` (a feature or table name), every

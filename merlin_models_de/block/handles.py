@@ -271,6 +271,9 @@ def bind_table_weights(block) -> None:
     by_table: dict = {}
     for shard in block.plan.shards_on(block.rank):
         by_table.setdefault(shard.table, []).append(block.backend.shard_variable(shard)[0])
+    # a dynamic table's default row trains and freezes with its rows
+    for table, row in getattr(block.backend, "defaults", {}).items():
+        by_table.setdefault(table, []).append(row)
     handles = block.handles_by_name()
     for table, variables in by_table.items():
         keras_compat.hand_over_weights(block, handles[table], variables)

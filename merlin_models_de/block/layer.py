@@ -24,7 +24,7 @@ from merlin_models_de import comm, compat
 from merlin_models_de.backends.lookup import sequence_output
 from merlin_models_de.backends.options import exchange_dtype_name
 from merlin_models_de.backends.registry import create, resolve
-from merlin_models_de.backends.step import current_step
+from merlin_models_de.backends.step import KeyUpdates, current_step
 from merlin_models_de.backends.validate import ordered_inputs
 from merlin_models_de.block import regularization as reg
 from merlin_models_de.block.dynamic import (
@@ -313,19 +313,23 @@ class DistributedEmbeddings(
             )
         if selected is not None:
             inputs = with_placeholders(inputs, self.features, selected)
-        ordered, problems = ordered_inputs(inputs, self.features)
+        ordered, problems = ordered_inputs(inputs, self.features, self.key_features)
         found = [p for p in problems if isinstance(p, str)]  # (the others: checks of values)
         if found and self.world_size == 1:
             raise ValueError(found[0])  # nobody to wait for: fail at once
         # on several ranks a problem travels in the first exchange, so every rank fails
         following, waiting, optimizer_state = self._step_values(inputs, training, selected)
+        # a selection's other features carry placeholder ids: their keys are not counted
+        placeholders = frozenset(
+            f.name for f in self.features if selected is not None and f.name not in selected
+        )
         outputs = self.backend.call(
             ordered,
             training=training,
             problems=problems,
             following=following,
             waiting=waiting,
-            optimizer_state=optimizer_state,
+            key_updates=KeyUpdates(optimizer_state, placeholders),
         )
         dims = {t.name: t.dim for t in self.tables}
         # (a feature missing here has already failed every rank in the exchange's checks)
@@ -360,7 +364,7 @@ class DistributedEmbeddings(
         if selected is None and self.exchange_ahead:
             following = step.next_batch_for(id(self), [f.name for f in self.features], inputs)
         if following is not None:
-            following = ordered_inputs(following, self.features)
+            following = ordered_inputs(following, self.features, self.key_features)
         waiting = step.waiting if self.merge_backward else None
         return following, waiting, step.optimizer_state
 

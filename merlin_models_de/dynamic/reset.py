@@ -10,6 +10,9 @@ key's state.
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import tensorflow as tf
 
 from merlin_models_de.compat import keras as keras_compat
@@ -58,3 +61,15 @@ def row_reset(var, initializer, table: str, optimizer_state=None):
             slot.scatter_nd_update(at, tf.fill(shape, tf.cast(value, slot.dtype)))
 
     return reset
+
+
+@functools.lru_cache(maxsize=None)  # once per table and process
+def warn_unreset_state(table: str) -> None:
+    """Says once per table that a training call outside Merlin's ``fit`` (a custom loop, a
+    plain Keras model's ``fit``) admits keys without starting a reused row's optimizer state
+    afresh: the optimizer is known only inside Merlin's training step."""
+    logging.getLogger("merlin_models_de").warning(
+        "Dynamic table '%s' is trained outside Merlin's fit: keys are admitted, but a row "
+        "taken from an evicted key keeps that key's optimizer state (docs/dynamic.md).",
+        table,
+    )

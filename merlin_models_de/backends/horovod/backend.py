@@ -38,8 +38,9 @@ from merlin_models_de.backends.shard_init import (
     for_shard,
     row_blocks,
 )
+from merlin_models_de.backends.step import KeyUpdates
 from merlin_models_de.dynamic.keymap import KeyMap
-from merlin_models_de.dynamic.reset import row_reset
+from merlin_models_de.dynamic.reset import row_reset, warn_unreset_state
 from merlin_models_de.planner.routing import Routing
 from merlin_models_de.planner.types import MODEL_PARALLEL, ShardingPlan, ShardingType
 from merlin_models_de.variables import mark_column_sync
@@ -183,18 +184,18 @@ class HorovodBackend(EmbeddingBackend):
     # ---- one step -----------------------------------------------------------------------------
 
     def exchange_and_lookup(
-        self, inputs, batch, header, check, training=False, waiting=None, optimizer_state=None
+        self, inputs, batch, header, check, training=False, waiting=None, key_updates=None
     ) -> list:
         """The three stages, the ids exchanged first (see the module docstring)."""
         received, splits = self.send_ids(inputs, header, self.collective_name("ids"))
         checked = check(received, splits)
         outputs, _ = self._stages(
-            inputs, batch, (received, splits), checked, training, waiting, None, optimizer_state
+            inputs, batch, (received, splits), checked, training, waiting, None, key_updates
         )
         return outputs
 
     def step_ahead(
-        self, inputs, batch, problems, following, training, waiting, optimizer_state
+        self, inputs, batch, problems, following, training, waiting, key_updates
     ) -> list:
         """A training step that sends the next batch's ids (:mod:`.ahead`): in the rows'
         forward exchange, or alone where the schedule has none."""
@@ -206,7 +207,7 @@ class HorovodBackend(EmbeddingBackend):
         sent = lookahead.message(next_inputs, next_problems, after=first)
         carried = sent if self.schedule.next_ids_ride else None
         outputs, arrived = self._stages(
-            inputs, batch, first, [], training, waiting, carried, optimizer_state
+            inputs, batch, first, [], training, waiting, carried, key_updates
         )
         if not self.schedule.next_ids_ride:
             arrived = lookahead.send_alone(sent)
@@ -214,7 +215,7 @@ class HorovodBackend(EmbeddingBackend):
         return outputs
 
     def _stages(
-        self, inputs, batch, first, checked, training, waiting, carried=None, optimizer_state=None
+        self, inputs, batch, first, checked, training, waiting, carried=None, key_updates=None
     ):
         """``(outputs, arrived)``: stages 1b-3 from the id exchange's result ``first``
         (``(received, splits)``, its checks ``checked``); ``arrived``: what came of
@@ -257,9 +258,7 @@ class HorovodBackend(EmbeddingBackend):
                             )
                         )
                     else:
-                        parts.append(
-                            self._row_sliced(inputs[i], f, after, training, optimizer_state)
-                        )
+                        parts.append(self._row_sliced(inputs[i], f, after, training, key_updates))
                 outputs.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=1))
         # Every output reads the anchor (adding an exact 0), so it has a gradient (0) on every
         # rank, also where no send is empty; otherwise Keras warns at each fit that
@@ -482,7 +481,7 @@ class HorovodBackend(EmbeddingBackend):
         for ((j, k), (_, cols)), piece in zip(sizes.items(), pieces):
             out[j][k] = tf.reshape(piece, [-1, cols])
 
-    def _row_sliced(self, value, feature, after, training=False, optimizer_state=None):
+    def _row_sliced(self, value, feature, after, training=False, key_updates=None):
         """A row-sliced table: every rank's ids to every rank, rows back, summed
         (:func:`.exchange.row_sliced_lookup`); a dynamic table's owner is its key's
         (:mod:`merlin_models_de.dynamic.lookup`)."""
@@ -497,15 +496,18 @@ class HorovodBackend(EmbeddingBackend):
         )
         if feature.table in self.keymaps:
             var = self.rw[feature.table]
+            updates = key_updates or KeyUpdates()
+            if training and updates.optimizer_state is None:
+                warn_unreset_state(feature.table)
             return dynamic_lookup(
                 var,
                 self.defaults[feature.table],
                 self.keymaps[feature.table],
                 ids,
                 self.collective_name(f"rw_{feature.name}"),
-                training=training,
+                training=training and feature.name not in updates.placeholders,
                 reset=row_reset(
-                    var, self.initializers[feature.table], feature.table, optimizer_state
+                    var, self.initializers[feature.table], feature.table, updates.optimizer_state
                 ),
                 lengths=lengths,
                 combiner=feature.combiner,
