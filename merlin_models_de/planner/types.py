@@ -28,6 +28,10 @@ OPTIMIZER_SLOTS = {
 }
 # Values an optimizer keeps per table row besides (row-wise state: merlin_models_de.rowwise).
 ROW_SLOTS = {"rowwise_adagrad": 1}
+# A dynamic table's key map, per row of a rank's share (merlin_models_de.dynamic.keymap): the
+# slot arrays (key, count, last step: 3 x int64) and, once every row holds a key, the hash
+# index's entry (key and row, 2 x int64, at a load of one half)
+KEY_MAP_BYTES_PER_ROW = 3 * 8 + 2 * 2 * 8
 
 
 class ShardingType(enum.Enum):
@@ -167,10 +171,13 @@ class ShardingPlan:
     ) -> int:
         """Bytes ``rank`` holds with ``optimizer``'s state: its parameters (``table_bytes``
         each where tables are stored narrower, else ``dtype_bytes``) and ``slots`` copies of
-        them (default: the optimizer's), plus its row-wise values per row."""
+        them (default: the optimizer's), plus its row-wise values per row, plus the key maps
+        of its shares of dynamic tables (:data:`KEY_MAP_BYTES_PER_ROW`, every row used)."""
         mine = self.shards_on(rank)
         elements, rows = sum(s.elements for s in mine), sum(s.rows for s in mine)
-        return sum(held_bytes(elements, rows, optimizer, dtype_bytes, table_bytes, slots))
+        keyed = sum(s.rows for s in mine if self.table(s.table).dynamic is not None)
+        held = sum(held_bytes(elements, rows, optimizer, dtype_bytes, table_bytes, slots))
+        return held + keyed * KEY_MAP_BYTES_PER_ROW
 
     def balance(self) -> float:
         """Busiest rank's elements over the mean (1.0 is perfect)."""

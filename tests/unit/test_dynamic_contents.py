@@ -93,3 +93,13 @@ def test_a_sharded_checkpoint_refuses_dynamic_tables_naming_them():
     model = tf.keras.Sequential([block()])
     with pytest.raises(NotImplementedError, match=r"Received: dynamic tables \['item'\]"):
         model_state(model)
+
+
+def test_the_plan_counts_each_ranks_key_map():
+    from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
+
+    dynamic = plan(tables_from_schema(schema(), 4, dynamic={"item": DynamicTable(capacity=9)}), 2)
+    for rank, share in ((0, 5), (1, 4)):  # 9 rows: the first rank one more
+        shards = dynamic.shards_on(rank)
+        table_bytes = sum(s.elements for s in shards) * 4
+        assert dynamic.rank_bytes(rank) == table_bytes + share * KEY_MAP_BYTES_PER_ROW
