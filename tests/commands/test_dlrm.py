@@ -437,3 +437,20 @@ def test_parquet_dir_with_unequal_partitions_takes_equal_steps(tmp_path):
     # 3 partitions on 2 ranks: 1000 and 500 rows -> 15 and 7 batches of 64; both take 7
     assert report["steps_per_epoch"] == 7
     assert "train batches per rank differ [15, 7]" in run.stdout
+
+
+def test_dynamic_tables_report_their_keys_each_epoch(tmp_path):
+    """--dynamic: C1's ids get rows as they arrive; each epoch's line and the report say how
+    many keys hold a row, were admitted and evicted (C2: a capacity below its ids, so it
+    evicts)."""
+    report_path = str(tmp_path / "r.json")
+    argv = ["--rows", "1024", "--epochs", "2", "--report", report_path, *QUICK]
+    run = _run([*argv, "--dynamic", "C1", "--dynamic", "C2=16", "--evict", "lru"])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.load(open(report_path, encoding="utf-8"))
+    first, second = (e["dynamic_tables"] for e in report["epochs"])
+    assert first["C1"]["keys"] == first["C1"]["admitted"] > 0 and first["C1"]["evicted"] == 0
+    assert second["C1"]["keys"] == first["C1"]["keys"]  # the same rows: epoch 2 adds no key
+    assert first["C2"]["keys"] == 16 and first["C2"]["evicted"] > 0
+    c1 = first["C1"]["keys"]
+    assert f"C1: {c1:,} keys ({c1:,} admitted, 0 evicted)" in run.stdout

@@ -99,6 +99,8 @@ class EpochReport(tf.keras.callbacks.Callback):
             "host_cpu_ticks": host,
         }
         ranks = comm.allgather_object(mine, name=f"mmde_report_epoch{epoch}")
+        # dynamic tables: keys holding a row, admitted and evicted so far (collective)
+        counters = self.block.dynamic_counters() if hasattr(self.block, "dynamic_counters") else {}
         entry = {
             "epoch": epoch + 1,
             "steps": self._batches,
@@ -115,6 +117,8 @@ class EpochReport(tf.keras.callbacks.Callback):
             # per rank, of its host: (stolen, all) ticks while this epoch trained
             "host_cpu_ticks": [r["host_cpu_ticks"] for r in ranks],
         }
+        if counters:
+            entry["dynamic_tables"] = counters
         self.epochs.append(entry)
         if comm.rank() == 0:
             print(_line(entry, self.steps), flush=True)
@@ -233,8 +237,12 @@ def _line(e, steps: int) -> str:
         else f" val_auc={e['val_auc']:.4f} val_logloss={e['val_logloss']:.4f}"
     )
     part = "" if e["steps"] == steps else f" ({e['steps']} of {steps} steps: resumed)"
+    dynamic = "".join(
+        f" {table}: {c['keys']:,} keys ({c['admitted']:,} admitted, {c['evicted']:,} evicted)"
+        for table, c in e.get("dynamic_tables", {}).items()
+    )
     return (
         f"epoch {e['epoch']}{part}: {e['samples_per_second']:,.0f} samples/s "
         f"({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "
-        f"embeddings/peak RSS per rank: {mem}"
+        f"embeddings/peak RSS per rank: {mem}{dynamic}"
     )
