@@ -142,7 +142,7 @@ def reference(src, dst):
     spec = json.loads(str(data.pop("spec")))
     batch = spec["per_rank"] * spec["world_size"]
     out = {}
-    for name in OPTIMIZERS:
+    for name in spec.get("optimizers", OPTIMIZERS):
         model = build_model(no_eviction())
         x, _ = inputs(data, np.arange(2))
         model(x)

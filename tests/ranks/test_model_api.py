@@ -21,6 +21,7 @@ def run_both(spec, tmp_path_factory, seed):
     return model, ref, got
 
 
+@pytest.mark.full  # 31 s; the CI tier's frozen tables on 2 ranks: test_regularization.py
 def test_tables_frozen_by_name_train_as_in_one_process(hvd, tmp_path_factory):
     spec = dict(
         optimizer="adagrad",

@@ -91,6 +91,7 @@ def test_fit_matches_one_process(hvd, tmp_path_factory):
     assert not np.allclose(final["table/C1"], ref["initial/table/C1"])  # it trained
 
 
+@pytest.mark.full  # 35 s; the CI tier's 16-bit tables on 2 ranks: test_rowwise_storable.py
 def test_fit_with_16_bit_tables_matches_one_process(hvd, tmp_path_factory):
     """Tables stored in bfloat16: 2 ranks train like one process on the global batch. Each
     element rounds with noise drawn from its place in the table, so only a float32 value that

@@ -257,6 +257,7 @@ def test_to_top_k_encoders_layer_on_several_ranks(hvd):
     np.testing.assert_array_equal(got, np.arange(comm.size()))
 
 
+@pytest.mark.full  # 24 s; the CI tier's steps_per_execution: tests/commands/test_dlrm.py
 def test_steps_per_execution_trains_as_one_step_per_call(hvd):
     """Keras' ``steps_per_execution`` runs several steps (each with its exchanges) in one
     call: the same losses and tables as one step per call, on every rank."""
