@@ -225,12 +225,18 @@ def slot_names(optimizer) -> list:
 
 
 def slots_of(optimizer, var) -> dict:
-    """``{slot name: slot variable}`` of ``var`` (only the slots that exist).
+    """``{slot name: slot variable}`` of ``var`` (only the slots that exist)."""
+    return slot_holder(optimizer, var)[1]
+
+
+def slot_holder(optimizer, var) -> tuple:
+    """``(the optimizer holding var's slots, {slot name: slot variable})``; ``(None, {})``
+    where none does.
 
     In a container the last optimizer holding slots of ``var`` wins: Merlin's MultiOptimizer
     lets ``update()`` override an earlier assignment of a block.
     """
-    found = {}
+    found: tuple = (None, {})
     for holder in _slot_holders(optimizer):
         if _is_legacy(holder):
             mine = {}
@@ -241,7 +247,7 @@ def slots_of(optimizer, var) -> dict:
                     continue
         else:
             mine = _named_slots(holder, var)
-        found = mine or found
+        found = (holder, mine) if mine else found
     return found
 
 

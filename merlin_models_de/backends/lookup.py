@@ -89,6 +89,12 @@ def pooled_lookup(
         mask = tf.cast(mask, vectors.dtype)
     if row_lengths is None:
         return vectors if mask is None else vectors * mask[:, None]
+    return pooled(vectors, row_lengths, combiner, mask)
+
+
+def pooled(vectors, row_lengths, combiner: str, mask=None):
+    """``[samples, cols]``: each sample's ``vectors`` (one per id, in order) weighted by
+    ``combiner`` (and ``mask``, ids that count: 1, others 0) and summed."""
     row_lengths = tf.cast(row_lengths, tf.int64)
     weights = tf.cast(combiner_weights(row_lengths, combiner), vectors.dtype)
     if mask is not None:

@@ -76,38 +76,6 @@ def create_optimizer_slots(optimizer, variables) -> None:
         )
 
 
-def slots_of(optimizer, var) -> list:
-    """``[(optimizer, slot name, slot variable)]`` of the optimizer that trains ``var``
-    (Merlin's MultiOptimizer: the one given its block), created now if they do not exist yet,
-    as its first step would (a training step's forward reads them before its optimizer does).
-
-    Raises:
-        NotImplementedError: naming the optimizer, for new-style Keras optimizers (their
-            slots are not kept per variable by name).
-    """
-    import tensorflow as tf
-
-    optimizer = getattr(optimizer, "inner_optimizer", None) or optimizer
-    with tf.init_scope():
-        create_optimizer_slots(optimizer, [var])
-    if hasattr(optimizer, "optimizers_and_blocks"):  # Merlin's MultiOptimizer
-        owner = optimizer.var_optimizer_dict.get(var.ref(), optimizer.default_optimizer)
-        return slots_of(owner, var)
-    if not hasattr(optimizer, "get_slot_names"):
-        raise NotImplementedError(
-            f"A dynamic table resets the optimizer state of the rows it gives to new keys, "
-            f"which needs a legacy Keras optimizer (tf.keras.optimizers.legacy, or a name such "
-            f"as 'adagrad' in compile). Received: optimizer={type(optimizer).__name__}"
-        )
-    slots = []
-    for name in optimizer.get_slot_names():
-        try:  # an optimizer may keep a slot for some variables only (RowWiseAdagrad)
-            slots.append((optimizer, name, optimizer.get_slot(var, name)))
-        except KeyError:
-            continue
-    return slots
-
-
 @contextlib.contextmanager
 def keras_names_kept():
     """Layers made inside take names without moving Keras' name counters afterwards.

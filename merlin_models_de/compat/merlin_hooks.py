@@ -177,7 +177,9 @@ def install_merlin_hooks(hooks) -> None:
     ``fit_input(model, x)`` (the training data ``fit`` reads, for models whose class keeps
     Merlin's ``train_step``) and ``step_inputs(model, data)`` (a context around each traced
     ``train_step`` that yields the data the step sees); ``naming_silent_ranks()`` (a context
-    around ``fit`` / ``evaluate`` / ``predict``: a failure caused by a silent rank names it).
+    around ``fit`` / ``evaluate`` / ``predict``: a failure caused by a silent rank names it);
+    ``longest(length, name)`` (a collective: the largest of every rank's int64 ``[1]``
+    ``length``, a scalar).
     """
     ensure_supported()
     merlin_base = importlib.import_module(_BASE)
@@ -189,7 +191,7 @@ def install_merlin_hooks(hooks) -> None:
     replace(_FIT, model, lambda original: _fit(original, hooks, stepped))
     replace(_PREDICT, model, lambda original: _predict(original, hooks))
     replace(_CALLBACKS, model, lambda original: _callbacks(original, hooks))
-    _install_global_padding()
+    _install_global_padding(hooks)
     for name, patch in _SAVES.items():
         replace(patch, getattr(merlin_base, name), lambda original: _wrapped_save(original, hooks))
     for name, patch in _FROM_CONFIGS.items():
@@ -311,13 +313,11 @@ def _across_ranks():
         _ACROSS_RANKS.reset(token)
 
 
-def _install_global_padding() -> None:
+def _install_global_padding(hooks) -> None:
     """Inside :func:`_across_ranks`, Merlin's transformer inputs padded as one process pads
-    the global batch: to the longest sequence of every rank's batch (a collective; every rank
-    runs the same model)."""
+    the global batch: to ``hooks.longest(length, name)``, the longest sequence of every
+    rank's batch (a collective; every rank runs the same model)."""
     import tensorflow as tf
-
-    from merlin_models_de import comm
 
     try:
         from merlin.models.tf.transformers.transforms import PrepareTransformerInputs
@@ -333,7 +333,7 @@ def _install_global_padding() -> None:
             dense = out["inputs_embeds"]
             mask = getattr(dense, "_keras_mask", None)
             length = tf.shape(dense, out_type=tf.int64)[1:2]
-            longest = tf.reduce_max(comm.allgather(length, name=f"mmde_{self.name}_length"))
+            longest = hooks.longest(length, f"mmde_{self.name}_length")
             extra = longest - length[0]
             padded = tf.pad(dense, [[0, 0], [0, extra], [0, 0]])
             if mask is not None:  # the padding is no target

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.dynamic.keys import initial_rows
+from merlin_models_de.variables import optimizer_parts, slot_holder
 
 ZERO = ("m", "v", "vhat", "momentum", "rms", "mg", "linear")
 ACCUMULATORS = ("accumulator", "row_accumulator")
@@ -26,10 +27,29 @@ def optimizer_state(optimizer):
     """``state(var) -> [(slot variable, initial value)]`` for ``optimizer``; None without one."""
     if optimizer is None:
         return None
+    inner = getattr(optimizer, "inner_optimizer", None) or optimizer  # loss-scale wrapper
 
     def state(var) -> list:
+        # new-style optimizers build their slots once, for the variables of their first call
+        built_once = [
+            p
+            for p in optimizer_parts(inner)
+            if not hasattr(p, "optimizers_and_blocks")  # Merlin's MultiOptimizer delegates
+            and not keras_compat.creates_slots_per_variable(p)
+        ]
+        if built_once:
+            raise NotImplementedError(
+                "A dynamic table resets the optimizer state of the rows it gives to new keys, "
+                "which needs a legacy Keras optimizer (tf.keras.optimizers.legacy, or a name "
+                f"such as 'adagrad' in compile). Received: optimizer={type(built_once[0]).__name__}"
+            )
+        # created now if they do not exist yet, as the first step would: a training step's
+        # forward reads them before its optimizer does
+        with tf.init_scope():
+            keras_compat.create_optimizer_slots(inner, [var])
+        owner, slots = slot_holder(inner, var)
         out = []
-        for owner, name, slot in keras_compat.slots_of(optimizer, var):
+        for name, slot in slots.items():
             if name in ZERO:
                 out.append((slot, 0.0))
             elif name in ACCUMULATORS:

@@ -124,6 +124,12 @@ class MerlinHooks:
     """What changes in Merlin's ``BaseModel`` for models with the block on several ranks."""
 
     @staticmethod
+    def longest(length, name: str):
+        """The largest of every rank's ``length`` (int64 ``[1]``): a transformer's inputs are
+        padded to the global batch's longest sequence."""
+        return tf.reduce_max(comm.allgather(length, name=name))
+
+    @staticmethod
     def active(model) -> bool:
         """Adjust ``model``? Only with more than one rank and a block inside."""
         return comm.size() > 1 and bool(embedding_blocks(model))

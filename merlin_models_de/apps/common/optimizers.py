@@ -41,3 +41,13 @@ def optimizer_for(args, emb=None):
     return distributed_optimizer(
         optimizer, is_local=lambda var: var.ref() in tables, prefix="mmde_bound"
     )
+
+
+def add_learning_rate(group) -> None:
+    """The commands' ``--learning-rate`` (read by :func:`optimizer_for`)."""
+    group.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="per-rank rate (Merlin multiplies it by the world size)",
+    )

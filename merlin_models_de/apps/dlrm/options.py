@@ -11,7 +11,7 @@ import argparse
 import math
 
 from merlin_models_de.apps.common.dynamic import add_dynamic_options, dynamic_problem
-from merlin_models_de.apps.common.optimizers import OPTIMIZERS
+from merlin_models_de.apps.common.optimizers import OPTIMIZERS, add_learning_rate
 from merlin_models_de.apps.common.options import (
     EMBEDDINGS,
     INPUTS,
@@ -95,12 +95,7 @@ def parser(prog: str | None = None, description: str | None = None) -> argparse.
         help="training steps per call into TensorFlow (Keras compile's "
         "steps_per_execution: less per-step Python and host work)",
     )
-    model.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="per-rank rate (Merlin multiplies it by the world size)",
-    )
+    add_learning_rate(model)
     place = ap.add_argument_group("placement")
     place.add_argument(
         "--embeddings",

@@ -46,7 +46,7 @@ import math
 import sys
 import time
 
-from merlin_models_de.apps.common.optimizers import OPTIMIZERS
+from merlin_models_de.apps.common.optimizers import OPTIMIZERS, add_learning_rate
 from merlin_models_de.apps.common.options import (
     EMBEDDINGS,
     OneLineParser,
@@ -141,12 +141,7 @@ def parser() -> argparse.ArgumentParser:
         "sampled: ContrastiveOutput, in-batch negatives of all ranks",
     )
     model.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    model.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="per-rank rate (Merlin multiplies it by the world size)",
-    )
+    add_learning_rate(model)
     place = ap.add_argument_group("placement")
     place.add_argument("--embeddings", default="distributed", choices=EMBEDDINGS)
     place.add_argument("--strategy", default="memory_optimized", choices=STRATEGIES)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.lookup import combiner_weights, named_gather
+from merlin_models_de.backends.horovod.exchange import answers_summed
+from merlin_models_de.backends.lookup import named_gather, pooled
 from merlin_models_de.dynamic.keys import owner_of
 
 
@@ -77,21 +78,6 @@ def dynamic_lookup(
     )
     sequence = lengths is not None and combiner is None
     if lengths is not None and not sequence:
-        answers = _pooled(answers, all_lengths, combiner)
-    if sequence:  # one row per key: each rank gets back as many rows as it sent keys
-        counts = tf.cast(tf.reduce_sum(tf.reshape(all_lengths, [n, -1]), axis=1), tf.int32)
-    else:
-        samples = tf.size(ids) if lengths is None else tf.size(lengths)
-        counts = tf.fill([n], tf.cast(samples, tf.int32))
-    received, _ = comm.alltoall(answers, counts, f"{name}_rows")
-    summed = tf.reduce_sum(tf.reshape(received, [n, -1, dim + 1]), axis=0)
+        answers = pooled(answers, all_lengths, combiner)
+    summed = answers_summed(answers, ids, lengths, all_lengths, sequence, name)
     return summed[:, :dim] + summed[:, dim:] * tf.cast(default_row, dtype)
-
-
-def _pooled(answers, lengths, combiner: str):
-    """Per sample, the keys' answers weighted by ``combiner`` and summed."""
-    lengths = tf.cast(lengths, tf.int64)
-    weights = tf.cast(combiner_weights(lengths, combiner), answers.dtype)
-    samples = tf.shape(lengths, out_type=tf.int64)[0]
-    segments = tf.repeat(tf.range(samples), lengths)
-    return tf.math.unsorted_segment_sum(answers * weights[:, None], segments, samples)

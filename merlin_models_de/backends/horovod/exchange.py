@@ -37,7 +37,6 @@ def row_sliced_lookup(
         combiner: How multi-hot ids of a sample pool; None with ``lengths``: one row per id.
         dtype: The dtype rows are read into (None: ``var``'s).
     """
-    n = comm.size()
     all_ids = comm.allgather(ids, f"{name}_ids")
     all_lengths = comm.allgather(lengths, f"{name}_lengths") if lengths is not None else None
     sequence = lengths is not None and combiner is None
@@ -49,10 +48,21 @@ def row_sliced_lookup(
         row_range=(shard.row_start, shard.rows),
         dtype=dtype,
     )
+    return answers_summed(partial, ids, lengths, all_lengths, sequence, name, counts)
+
+
+def answers_summed(answers, ids, lengths, all_lengths, sequence: bool, name: str, counts=None):
+    """Every rank's partial answers (to every rank's queries, in rank order) back to the rank
+    that asked, summed over the answering ranks: ``[this rank's samples or ids, width]``.
+
+    ``ids``, ``lengths``: this rank's queries; ``all_lengths``: every rank's row lengths;
+    ``sequence``: one answer per id (else per sample); ``counts``: int32 ``[ranks]`` answers
+    to each rank where its samples vary (None: every rank as many as this one)."""
+    n = comm.size()
     if sequence:  # one row per id: each rank gets back as many rows as it sent ids
         counts = tf.cast(tf.reduce_sum(tf.reshape(all_lengths, [n, -1]), axis=1), tf.int32)
     elif counts is None:
         samples = tf.size(ids) if lengths is None else tf.size(lengths)
         counts = tf.fill([n], tf.cast(samples, tf.int32))
-    received, _ = comm.alltoall(partial, counts, f"{name}_rows")
-    return tf.reduce_sum(tf.reshape(received, [n, -1, var.shape[1]]), axis=0)
+    received, _ = comm.alltoall(answers, counts, f"{name}_rows")
+    return tf.reduce_sum(tf.reshape(received, [n, -1, answers.shape[1]]), axis=0)
