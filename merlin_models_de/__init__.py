@@ -53,7 +53,7 @@ _LAZY = {
     "iter_table": "merlin_models_de.persistence.table_export",
     "DistributedGradientTape": "merlin_models_de.merlin.training",
     "broadcast_variables": "merlin_models_de.merlin.training",
-    "RowWiseAdagrad": "merlin_models_de.rowwise.adagrad",
+    "RowWiseAdagrad": "merlin_models_de.kernels.rowwise.adagrad",
     "loader_dataset": "merlin_models_de.merlin.input",
     "OutOfRangeIdsReport": "merlin_models_de.merlin.id_report",
     "out_of_range_ids": "merlin_models_de.merlin.id_report",

@@ -425,7 +425,7 @@ def human_bytes(n: float) -> str:
     return f"{n / 1024 ** exp:.1f} {'KMGTP'[exp - 1]}iB"
 
 
-# the dtypes a table may be stored in (the block's table_dtype; see merlin_models_de.rounding)
+# the dtypes a table may be stored in (the block's table_dtype; see merlin_models_de.kernels.rounding)
 TABLE_DTYPES = ("float32", "float16", "bfloat16")
 
 

@@ -38,8 +38,8 @@ from merlin_models_de.backends.validate import (
     local_problems,
 )
 from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.kernels.rounding import RoundedTables, is_narrow, mark_rounded_tables
 from merlin_models_de.planner.types import Shard, ShardingPlan, ShardingType
-from merlin_models_de.rounding import RoundedTables, is_narrow, mark_rounded_tables
 from merlin_models_de.runtime import agree
 from merlin_models_de.tables import table_dtype_name
 from merlin_models_de.variables import TableMark, mark_local, mark_table
@@ -56,7 +56,7 @@ class EmbeddingBackend(abc.ABC):
         exchange_dtype: The float looked-up rows and their gradients cross ranks in (see
             :mod:`.options`); None: the block's dtype.
         table_dtype: The float model-parallel shards are stored in (see
-            :mod:`merlin_models_de.rounding`); None: the block's dtype. Replicated tables
+            :mod:`merlin_models_de.kernels.rounding`); None: the block's dtype. Replicated tables
             keep the block's dtype: their gradients are averaged with the dense ones.
     """
 

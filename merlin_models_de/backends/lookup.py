@@ -15,7 +15,7 @@ import re
 
 import tensorflow as tf
 
-from merlin_models_de.rounding import read_wide
+from merlin_models_de.kernels.rounding import read_wide
 
 
 def op_name(text: str) -> str:

@@ -21,8 +21,8 @@ from merlin.schema import Schema
 from merlin_models_de.backends.lookup import combiner_weights
 from merlin_models_de.block.views import FeatureSelection
 from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.kernels.rounding import read_wide
 from merlin_models_de.planner.types import ShardingType
-from merlin_models_de.rounding import read_wide
 
 # Blocks built while a model is deserialized, per open scope (innermost last). Not a
 # process-wide registry: outside a scope no name is bound, and two models rebuilt one after

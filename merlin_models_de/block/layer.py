@@ -122,7 +122,7 @@ class DistributedEmbeddings(
             block's dtype. ``horovod`` backend only.
         table_dtype: ``"bfloat16"`` or ``"float16"``: the sharded tables' rows are stored in
             16 bits (half the memory), read into the block's dtype, and updated in float32
-            then stochastically rounded (:mod:`merlin_models_de.rounding`), which needs an
+            then stochastically rounded (:mod:`merlin_models_de.kernels.rounding`), which needs an
             optimizer that updates 16-bit rows: :class:`merlin_models_de.RowWiseAdagrad`.
             Replicated tables keep the block's dtype. None (default): the block's dtype.
             ``horovod`` backend only.

@@ -28,8 +28,8 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
+from merlin_models_de.kernels.rounding import read_wide
 from merlin_models_de.planner.types import ShardingType
-from merlin_models_de.rounding import read_wide
 
 ADDITIVE = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
 

@@ -303,7 +303,7 @@ def install_apply_check(check) -> None:
 def install_sgd_pieces(in_pieces, is_table) -> None:
     """Has Keras' legacy SGD without momentum (the scatter-add of a sparse gradient) add the
     gradient of a variable for which ``is_table(var)`` holds through ``in_pieces(scatter,
-    var.device, indices, values)`` (``merlin_models_de.scatter``): Keras' own scatter-add of
+    var.device, indices, values)`` (``merlin_models_de.kernels.scatter``): Keras' own scatter-add of
     each piece, the result unchanged. With momentum SGD runs a fused kernel: untouched.
     Idempotent."""
     import tensorflow as tf
@@ -328,7 +328,7 @@ def install_sgd_pieces(in_pieces, is_table) -> None:
 def install_adagrad_rows(update, is_table) -> None:
     """Has Keras' legacy Adagrad update the rows of a variable for which ``is_table(var)``
     holds through ``update(var, accumulator, indices, grad, lr, epsilon)``
-    (``merlin_models_de.scatter.adagrad_rows``, the same floats as Keras' fused kernel); every
+    (``merlin_models_de.kernels.scatter.adagrad_rows``, the same floats as Keras' fused kernel); every
     other variable as Keras has it. Keras deduplicates the indices before this call.
     Idempotent."""
     import tensorflow as tf

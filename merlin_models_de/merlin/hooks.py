@@ -47,6 +47,7 @@ from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import merlin_hooks as merlin_compat
 from merlin_models_de.dynamic.reset import optimizer_state
+from merlin_models_de.kernels.scatter import adagrad_rows, on_gpu, scatter_in_pieces
 
 # The block and the outputs import merlin.models.tf, whose import installs these hooks
 # (merlin/register.py): they are imported where used, so that first import never cycles.
@@ -63,7 +64,6 @@ from merlin_models_de.merlin.optimizers import (
 )
 from merlin_models_de.persistence.export import save_single_process
 from merlin_models_de.runtime.peers import naming_silent_ranks
-from merlin_models_de.scatter import adagrad_rows, on_gpu, scatter_in_pieces
 from merlin_models_de.variables import (
     embedding_blocks,
     has_row_state,

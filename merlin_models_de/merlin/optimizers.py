@@ -24,9 +24,9 @@ from merlin_models_de import comm
 from merlin_models_de.backends.step import complete_waiting
 from merlin_models_de.compat import horovod as horovod_compat
 from merlin_models_de.compat import keras as keras_compat
+from merlin_models_de.kernels.rounding import is_narrow
+from merlin_models_de.kernels.rowwise.adagrad import RowWiseAdagrad
 from merlin_models_de.planner.types import MODEL_PARALLEL, OPTIMIZER_SLOTS
-from merlin_models_de.rounding import is_narrow
-from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
 from merlin_models_de.variables import embedding_blocks, is_local
 
 

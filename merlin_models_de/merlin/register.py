@@ -34,7 +34,7 @@ KERAS_MODULES = (
     "merlin_models_de.outputs.topk",
     "merlin_models_de.outputs.samplers",
     "merlin_models_de.outputs.rank_metrics",
-    "merlin_models_de.rowwise.adagrad",
+    "merlin_models_de.kernels.rowwise.adagrad",
 )
 
 

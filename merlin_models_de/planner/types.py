@@ -26,7 +26,7 @@ OPTIMIZER_SLOTS = {
     "lazyadam": 2,
     "rowwise_adagrad": 0,
 }
-# Values an optimizer keeps per table row besides (row-wise state: merlin_models_de.rowwise).
+# Values an optimizer keeps per table row besides (row-wise state: merlin_models_de.kernels.rowwise).
 ROW_SLOTS = {"rowwise_adagrad": 1}
 # A dynamic table's key map, per row of a rank's share (merlin_models_de.dynamic.keymap): the
 # slot arrays (key, count, last step: 3 x int64) and, once every row holds a key, the hash

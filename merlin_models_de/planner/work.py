@@ -80,7 +80,7 @@ CPU_NOTE = (
     "alone, Criteo, 2 ranks x 512), memory_optimized against work_balanced in 4 interleaved "
     "pairs: 1.26-2.00 ms (mean 1.63) less with SGD, 1.52-1.99 (1.76) with Adagrad; "
     "0.06 ms predicts 1.63 and 1.88; all timed before SGD's adds ran in pieces and Adagrad's "
-    "table rows were written back (the update paths of merlin_models_de.scatter)"
+    "table rows were written back (the update paths of merlin_models_de.kernels.scatter)"
 )
 GPU_NOTE = (
     "assumed, not measured: an A100 gathers and scatters random rows at about 1 TB/s of "

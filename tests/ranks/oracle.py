@@ -9,8 +9,8 @@ import tensorflow as tf
 from merlin.schema import Schema
 
 from merlin_models_de import comm
+from merlin_models_de.kernels.rowwise.adagrad import RowWiseAdagrad
 from merlin_models_de.planner import MODEL_PARALLEL
-from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
 from tests.rowwise_reference import NumpyRowWiseAdagrad
 from tests.schemas import cat
 

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import comm, export_table
+from merlin_models_de.kernels.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.persistence.checkpoint import (
     latest_checkpoint,
     read_full_tables,
@@ -19,7 +20,6 @@ from merlin_models_de.persistence.checkpoint import (
 )
 from merlin_models_de.persistence.io import StorageError
 from merlin_models_de.planner import ShardingType
-from merlin_models_de.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.variables import embedding_blocks, slots_of
 from tests.ranks import oracle
 from tests.ranks import oracle_dlrm as fc

@@ -23,12 +23,12 @@ HOROVOD_IMPORTERS = {f"{PACKAGE}.comm", f"{PACKAGE}.compat", f"{PACKAGE}.compat.
 # from `launchers`, one of them); the package's __init__
 # (the public API) sits above everything.
 LAYERS = [
-    {"tables", "variables", "launchers", "rounding", "scatter"},
+    {"tables", "variables", "launchers"},
     {"comm"},
     {"compat"},
     {"runtime"},
     {"planner", "dynamic"},
-    {"backends", "rowwise"},
+    {"backends", "kernels"},
     {"persistence"},
     {"block"},
     {"outputs"},
@@ -44,8 +44,6 @@ ROOT_MODULES = {
     "variables",
     "launchers",
     "comm",
-    "rounding",
-    "scatter",
 }
 # apps/: one folder per command (dlrm, next_item, bench, tools) and what they share
 SHARED_APPS = "common"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round, widened
+from merlin_models_de.kernels.rounding import is_narrow, random_bits, stochastic_round, widened
 
 
 def _bits(n, step=0, table="t"):

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 import merlin_models_de
+from merlin_models_de.kernels.rowwise.adagrad import ROW_SLOT, RowWiseAdagrad
 from merlin_models_de.merlin.optimizers import scaled_optimizer
-from merlin_models_de.rowwise.adagrad import ROW_SLOT, RowWiseAdagrad
 from merlin_models_de.variables import TableMark, mark_table, slots_of
 from tests.rowwise_reference import NumpyRowWiseAdagrad
 

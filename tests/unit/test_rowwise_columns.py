@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from merlin_models_de.rowwise.columns import ColumnSums, column_sums, unique_rows
+from merlin_models_de.kernels.rowwise.columns import ColumnSums, column_sums, unique_rows
 from merlin_models_de.variables import TableMark, mark_column_sync, mark_table
 
 

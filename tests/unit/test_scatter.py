@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from merlin_models_de.kernels.rowwise.adagrad import RowWiseAdagrad
+from merlin_models_de.kernels.scatter import PIECE_ROWS, adagrad_rows, scatter_in_pieces
 from merlin_models_de.merlin import hooks
-from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
-from merlin_models_de.scatter import PIECE_ROWS, adagrad_rows, scatter_in_pieces
 from merlin_models_de.variables import TableMark, mark_table
 from tests.rowwise_reference import NumpyRowWiseAdagrad
 

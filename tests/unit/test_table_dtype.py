@@ -11,12 +11,12 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings, RowWiseAdagrad, export_table
+from merlin_models_de.kernels.rounding import random_bits, stochastic_round
+from merlin_models_de.kernels.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.persistence.checkpoint import latest_checkpoint, save_checkpoint
 from merlin_models_de.persistence.io import StorageError
 from merlin_models_de.persistence.restore import restore_checkpoint
 from merlin_models_de.persistence.table_export import read_table
-from merlin_models_de.rounding import random_bits, stochastic_round
-from merlin_models_de.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.tables import table_dtype_name
 from merlin_models_de.variables import TableMark, embedding_blocks, mark_table, slots_of
 from tests.rowwise_reference import NumpyRowWiseAdagrad

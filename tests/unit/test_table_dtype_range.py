@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings, RowWiseAdagrad
-from merlin_models_de.rowwise.adagrad import ROW_SLOT
+from merlin_models_de.kernels.rowwise.adagrad import ROW_SLOT
 from merlin_models_de.variables import TableMark, mark_table
 from tests.unit.test_layer_arguments import schema
 from tests.unit.test_table_dtype import data

@@ -23,7 +23,7 @@ def optimizer_for(args, emb=None):
     exchanged."""
     import tensorflow as tf
 
-    from merlin_models_de.rowwise.adagrad import RowWiseAdagrad
+    from merlin_models_de.kernels.rowwise.adagrad import RowWiseAdagrad
 
     legacy = tf.keras.optimizers.legacy
     lr = args.learning_rate or LEARNING_RATES[args.optimizer]

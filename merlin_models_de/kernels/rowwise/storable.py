@@ -9,7 +9,7 @@ for inf or NaN) into one header (``runtime/agree.py``: one allgather of one floa
 a step), and one assertion reads the gathered header: every rank fails with the same message,
 naming the table, the ranks and their values, before any row is written.
 
-The tables come from the blocks' :class:`~merlin_models_de.rounding.RoundedTables` marks, the
+The tables come from the blocks' :class:`~merlin_models_de.kernels.rounding.RoundedTables` marks, the
 same on every rank, so a rank holding none of a block's 16-bit shards sends zeros and still
 joins. In one process nothing is exchanged (tables without a block's mark are checked there).
 
@@ -23,7 +23,7 @@ import zlib
 
 import tensorflow as tf
 
-from merlin_models_de.rounding import largest_magnitude, rounded_tables
+from merlin_models_de.kernels.rounding import largest_magnitude, rounded_tables
 from merlin_models_de.runtime import agree
 from merlin_models_de.variables import table_mark
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.rounding import widened
+from merlin_models_de.kernels.rounding import widened
 from merlin_models_de.variables import column_sync, table_mark
 
 

@@ -16,7 +16,7 @@ of their own through ``mm.MultiOptimizer``.
 Tables are the shard variables a ``DistributedEmbeddings`` block marks
 (``variables.table_mark``). A table stored in 16 bits (the block's ``table_dtype``) is updated
 in float32: its gradient rows are summed in float32, the accumulator is float32, and the new
-row is stochastically rounded into the table (:mod:`merlin_models_de.rounding`). A
+row is stochastically rounded into the table (:mod:`merlin_models_de.kernels.rounding`). A
 column-sliced table's mean is over the whole row: its holders add their slices' partial sums
 in one collective per block and step (:mod:`.columns`).
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.compat import keras as keras_compat
-from merlin_models_de.rounding import is_narrow, random_bits, stochastic_round
-from merlin_models_de.rowwise.columns import ColumnSums, column_sums, unique_rows
-from merlin_models_de.rowwise.storable import agreed_storable
-from merlin_models_de.scatter import after_values, write_rows
+from merlin_models_de.kernels.rounding import is_narrow, random_bits, stochastic_round
+from merlin_models_de.kernels.rowwise.columns import ColumnSums, column_sums, unique_rows
+from merlin_models_de.kernels.rowwise.storable import agreed_storable
+from merlin_models_de.kernels.scatter import after_values, write_rows
 from merlin_models_de.variables import mark_row_state, table_mark
 
 ROW_SLOT = "row_accumulator"
