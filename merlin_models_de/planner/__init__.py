@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from merlin_models_de.planner.hotness import check_hotness
+from merlin_models_de.planner.options import PlacementOptions, from_keywords
 from merlin_models_de.planner.slicing import (
     auto_column_threshold,
     classify,
@@ -35,7 +36,6 @@ from merlin_models_de.planner.types import (
     optimizer_slots,
     row_slots,
 )
-from merlin_models_de.planner.work import Workload
 from merlin_models_de.tables import TableSpec, feature_order
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "placed_like",
     "MODEL_PARALLEL",
     "validate_options",
+    "PlacementOptions",
     "Shard",
     "ShardingPlan",
     "ShardingType",
@@ -54,11 +55,9 @@ __all__ = [
 ]
 
 
-def _positive_or_none(option: str, value) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{option} must be a positive int or None. Received: {option}={value!r}")
+def _check_world_size(world_size) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1. Received: world_size={world_size!r}")
 
 
 def validate_options(
@@ -68,17 +67,10 @@ def validate_options(
     row_slice_threshold=None,
     data_parallel_threshold=None,
 ) -> None:
-    """Raises ValueError naming the first invalid placement option and its value."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1. Received: world_size={world_size!r}")
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"Unknown strategy; expected one of {list(STRATEGIES)}. "
-            f"Received: strategy={strategy!r}"
-        )
-    _positive_or_none("column_slice_threshold", column_slice_threshold)
-    _positive_or_none("row_slice_threshold", row_slice_threshold)
-    _positive_or_none("data_parallel_threshold", data_parallel_threshold)
+    """Raises ValueError naming the first invalid placement option and its value: the world
+    size, then what :class:`PlacementOptions` checks."""
+    _check_world_size(world_size)
+    PlacementOptions(strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold)
 
 
 def _work_balanced(tables, mp, widths, sizes, world_size, room, workload) -> list[list[int]]:
@@ -197,22 +189,20 @@ def _over_cap(cap: int, strategy: str, fullest: int, least: int, world_size: int
 def plan(
     tables: Sequence[TableSpec],
     world_size: int,
-    strategy: str = "basic",
-    *,
-    column_slice_threshold: int | None = None,
-    row_slice_threshold: int | None = None,
-    data_parallel_threshold: int | None = None,
-    batch_size: int = 512,
-    hotness: float | Mapping[str, float] | None = None,
-    optimizer: str = "adagrad",
-    link: str = "gloo-loopback",
-    max_rank_elements: int | None = None,
+    placement: PlacementOptions | str | None = None,
+    **options,
 ) -> ShardingPlan:
     """Places tables on ranks. Pure: same inputs, same plan, on every rank.
 
     Args:
         tables: Table specs (see :func:`merlin_models_de.tables.tables_from_schema`).
         world_size: Number of ranks.
+        placement: The options (:class:`PlacementOptions`, whose fields are below); a
+            strategy name is short for ``PlacementOptions(strategy=name)``.
+        **options: :class:`PlacementOptions`' fields as keywords, in place of a
+            ``placement`` object (a keyword with an object raises ValueError naming both).
+
+    The options:
         strategy: ``basic`` (round robin in table order), ``memory_balanced`` (largest first,
             snake order), ``memory_optimized`` (largest first, to the least-loaded rank) or
             ``work_balanced`` (the smallest busiest rank's predicted step time,
@@ -239,14 +229,19 @@ def plan(
         A frozen ShardingPlan.
 
     Example:
-        >>> p = plan(tables, 4, "memory_balanced", column_slice_threshold=10_000_000)  # doctest: +SKIP
+        >>> options = PlacementOptions("memory_balanced", column_slice_threshold=10**7)
+        >>> p = plan(tables, 4, options)  # doctest: +SKIP
+        >>> p = plan(tables, 4, "memory_balanced", column_slice_threshold=10**7)  # doctest: +SKIP
         >>> print(p.summary("adagrad"))  # doctest: +SKIP
     """
-    validate_options(
-        world_size, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
-    )
-    workload = Workload(batch_size, hotness, optimizer, link)
-    _positive_or_none("max_rank_elements", max_rank_elements)
+    _check_world_size(world_size)
+    placement = _placement(placement, options)
+    workload = placement.workload
+    strategy, hotness = placement.strategy, placement.hotness
+    column_slice_threshold = placement.column_slice_threshold
+    row_slice_threshold = placement.row_slice_threshold
+    data_parallel_threshold = placement.data_parallel_threshold
+    max_rank_elements = placement.max_rank_elements
     tables = tuple(tables)
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
@@ -280,12 +275,29 @@ def plan(
     if max_rank_elements is not None and fullest > max_rank_elements:
         least = _least_fullest(tables, dp, mp, rs, world_size, column_slice_threshold)
         raise ValueError(_over_cap(max_rank_elements, strategy, fullest, least, world_size))
-    options = (
+    recorded = (  # the options that shape the plan; the step it was placed for is not kept
         ("column_slice_threshold", column_slice_threshold),
         ("data_parallel_threshold", data_parallel_threshold),
         ("row_slice_threshold", row_slice_threshold),
     )
-    return ShardingPlan(world_size, strategy, tables, tuple(shards), options)
+    return ShardingPlan(world_size, strategy, tables, tuple(shards), recorded)
+
+
+def _placement(placement, options: dict) -> PlacementOptions:
+    """plan()'s options as one object: ``placement`` (a strategy name: short for one) or the
+    keywords; a keyword that is no option is refused as Python refuses one."""
+    if isinstance(placement, str):
+        if "strategy" in options:
+            raise TypeError(
+                f"plan() got the strategy twice. Received: placement={placement!r}, "
+                f"strategy={options['strategy']!r}"
+            )
+        placement, options = None, {"strategy": placement, **options}
+    options = dict(options)
+    found = from_keywords(PlacementOptions, placement, options, "placement")
+    if options:  # left: no field of PlacementOptions
+        raise TypeError(f"plan() got unexpected keyword arguments {sorted(options)}")
+    return found
 
 
 def placed_like(plan_: ShardingPlan, table: str, companion: TableSpec) -> ShardingPlan:
