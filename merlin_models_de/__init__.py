@@ -10,6 +10,8 @@ Everything a user calls is a name of this module (one import path each):
 - the block: ``DistributedEmbeddings`` (also ``mm.DistributedEmbeddings``);
 - placement: ``make_plan``, ``ShardingPlan``, ``Shard``, ``ShardingType``, ``TableSpec``,
   ``FeatureSpec``, ``tables_from_schema``;
+- the block's options: ``PlacementOptions`` (where tables go), ``ExchangeOptions`` (how the
+  lookups run);
 - checkpoints: ``save_checkpoint``, ``restore_checkpoint``, ``latest_checkpoint``,
   ``CheckpointCallback``, ``read_full_tables``;
 - one table in parallel: ``export_table``, ``read_table``, ``iter_table``;
@@ -38,9 +40,11 @@ from merlin_models_de.tables import DynamicTable, FeatureSpec, TableSpec, tables
 
 __version__ = "0.1.0"
 
-# name -> the module that defines it (loaded on first access: these import TensorFlow)
+# name -> the module that defines it (loaded on first access: most import TensorFlow)
 _LAZY = {
     "DistributedEmbeddings": "merlin_models_de.block.layer",
+    "PlacementOptions": "merlin_models_de.planner.options",
+    "ExchangeOptions": "merlin_models_de.backends.options",
     "named_tables": "merlin_models_de.block.handles",
     "save_checkpoint": "merlin_models_de.persistence.checkpoint",
     "restore_checkpoint": "merlin_models_de.persistence.checkpoint",

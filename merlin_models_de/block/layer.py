@@ -22,7 +22,7 @@ from merlin.models.utils.schema_utils import (
 
 from merlin_models_de import comm, compat
 from merlin_models_de.backends.lookup import sequence_output
-from merlin_models_de.backends.options import exchange_dtype_name
+from merlin_models_de.backends.options import ExchangeOptions
 from merlin_models_de.backends.registry import create, resolve
 from merlin_models_de.backends.step import KeyUpdates, current_step
 from merlin_models_de.backends.validate import ordered_inputs
@@ -39,16 +39,16 @@ from merlin_models_de.block.handles import (
     trainable_config,
 )
 from merlin_models_de.block.notices import one_rank_notice
+from merlin_models_de.block.options import block_options, from_options_config, options_config
 from merlin_models_de.compat import keras as keras_compat
 from merlin_models_de.compat import tf_checkpoint
 from merlin_models_de.persistence.keras_checkpoint import TableCheckpoints
-from merlin_models_de.planner import placed_like, validate_options
+from merlin_models_de.planner import PlacementOptions, placed_like
 from merlin_models_de.planner import plan as make_plan
 from merlin_models_de.tables import (
     feature_order,
     is_layer_combiner,
     narrow_table_bytes,
-    table_dtype_name,
     tables_from_schema,
 )
 
@@ -104,11 +104,23 @@ class DistributedEmbeddings(
         trainable: Whether the tables train: a bool, or a dict by feature / table name.
         l2_batch_regularization_factor: Adds ``factor * sum(output ** 2)`` of each feature's
             looked-up batch to the losses (a float, or a dict by feature / table name).
-        activity_regularizer, table_cls, pre, post, aggregation: ``mm.Embeddings``'
-            arguments; only their defaults are supported (others raise, naming them).
         block_name: The block's name (``mm.Embeddings``' spelling of ``name``).
-        strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold:
-            Placement options (see :func:`merlin_models_de.planner.plan`).
+        placement: A :class:`~merlin_models_de.planner.options.PlacementOptions`: the
+            strategy, the slicing and replication thresholds, the step ``work_balanced``
+            places for and a cap per rank (see :func:`merlin_models_de.planner.plan`).
+            Default: ``PlacementOptions()``, or the keywords ``strategy``,
+            ``column_slice_threshold``, ``row_slice_threshold``, ``data_parallel_threshold``.
+        exchange: An :class:`~merlin_models_de.backends.options.ExchangeOptions`: how the
+            lookups run, its fields below. Default: ``ExchangeOptions()``, or its fields
+            as keywords (a keyword with its object raises, naming both).
+        activity_regularizer, table_cls, pre, post, aggregation: ``mm.Embeddings``'
+            arguments (keywords); only their defaults are supported (others raise, naming
+            them).
+        dynamic_tables: ``{feature or table: DynamicTable(capacity=...)}``: tables whose ids are
+            64-bit keys that get rows as they arrive (:mod:`merlin_models_de.dynamic`);
+            ``horovod`` backend only.
+
+    The exchange options (``ExchangeOptions``' fields):
         backend: ``auto`` (distributed-embeddings when installed, else ``horovod``),
             ``horovod`` or ``distributed-embeddings``.
         validate_ids: Fail with the feature and id when an id is outside its table (default);
@@ -135,9 +147,6 @@ class DistributedEmbeddings(
             the dense gradients, one round instead of two, when the model's optimizer is
             the one ``compile`` makes (:mod:`merlin_models_de.backends.horovod.backward`). Default
             True; the result is the same.
-        dynamic_tables: ``{feature or table: DynamicTable(capacity=...)}``: tables whose ids are
-            64-bit keys that get rows as they arrive (:mod:`merlin_models_de.dynamic`);
-            ``horovod`` backend only.
 
     Example:
         >>> emb = DistributedEmbeddings(schema, dim=16)  # doctest: +SKIP
@@ -156,42 +165,22 @@ class DistributedEmbeddings(
         sequence_combiner="mean",
         embeddings_initializer=None,
         embeddings_regularizer=None,
-        activity_regularizer=None,
         trainable=True,
-        table_cls=None,
-        pre=None,
-        post=None,
-        aggregation=None,
         block_name=None,
         l2_batch_regularization_factor=0.0,
         input_length=None,
-        strategy="basic",
-        column_slice_threshold=None,
-        row_slice_threshold=None,
-        data_parallel_threshold=None,
-        backend="auto",
-        validate_ids=True,
-        exchange_dtype=None,
-        table_dtype=None,
-        exchange_ahead=True,
-        merge_backward=True,
+        placement: PlacementOptions | None = None,
+        exchange: ExchangeOptions | None = None,
         dynamic_tables=None,
         name="embeddings",
         **kwargs,
     ):
         compat.ensure_supported()
-        _check_unsupported(
-            activity_regularizer=activity_regularizer,
-            table_cls=table_cls,
-            pre=pre,
-            post=post,
-            aggregation=aggregation,
-            kwargs=kwargs,
-        )
+        _check_unsupported(kwargs)
+        # the objects checked their values; the keywords they replace are gone from kwargs
+        placement, exchange = block_options(placement, exchange, kwargs)
         super().__init__(name=block_name or name, trainable=trainable is not False, **kwargs)
-        validate_options(
-            1, strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold
-        )
+        self.placement_options, self.exchange_options = placement, exchange
         sequence_combiner = _deserialize_combiner(sequence_combiner)
         self.dynamic_tables = dynamic_options(dynamic_tables)
         self.tables = tables_from_schema(
@@ -228,33 +217,15 @@ class DistributedEmbeddings(
         self.table_trainable = reg.trainable_tables(trainable, self.tables)
         self._trainable_option = trainable
         self.input_length = input_length  # Keras' Embedding only uses it for shapes
-        self.options = dict(
-            strategy=strategy,
-            column_slice_threshold=column_slice_threshold,
-            row_slice_threshold=row_slice_threshold,
-            data_parallel_threshold=data_parallel_threshold,
-        )
-        self.exchange_dtype = exchange_dtype_name(exchange_dtype)
-        self.table_dtype = table_dtype_name(table_dtype)
         self.backend_name = resolve(
-            backend_for_dynamic(backend, self.tables),
+            backend_for_dynamic(exchange.backend, self.tables),
             self.features,
-            self.exchange_dtype,
-            self.table_dtype,
-            strategy=strategy,
+            exchange.exchange_dtype,
+            exchange.table_dtype,
+            strategy=placement.strategy,
         )
-        self.validate_ids = validate_ids
-        for option, value in (
-            ("exchange_ahead", exchange_ahead),
-            ("merge_backward", merge_backward),
-        ):
-            if not isinstance(value, bool):
-                raise ValueError(f"{option} must be True or False. Received: {option}={value!r}")
-        self.exchange_ahead = exchange_ahead  # see backends/horovod/ahead.py
-        self.merge_backward = merge_backward  # see backends/horovod/backward.py
-        self._requested_backend = backend
         self.rank, self.world_size = comm.rank(), comm.size()
-        self.plan = make_plan(self.tables, self.world_size, **self.options)
+        self.plan = make_plan(self.tables, self.world_size, placement)
         one_rank_notice(self.world_size)  # once per process: nothing is split here
         reg.check_regularizers(self.table_regularizers, self.plan)
         self.backend = self._new_backend()
@@ -266,6 +237,27 @@ class DistributedEmbeddings(
             )
         self.handles_by_name()  # every rank makes the same layers, in the same order
         remember_block(self)  # where a deserialized tied output finds its table
+
+    # the exchange options as the backends and hooks read them off the block
+    @property
+    def validate_ids(self) -> bool:
+        return self.exchange_options.validate_ids
+
+    @property
+    def exchange_dtype(self) -> str | None:
+        return self.exchange_options.exchange_dtype
+
+    @property
+    def table_dtype(self) -> str | None:
+        return self.exchange_options.table_dtype
+
+    @property
+    def exchange_ahead(self) -> bool:  # see backends/horovod/ahead.py
+        return self.exchange_options.exchange_ahead
+
+    @property
+    def merge_backward(self) -> bool:  # see backends/horovod/backward.py
+        return self.exchange_options.merge_backward
 
     @property
     def per_table_trainable(self) -> bool:
@@ -411,20 +403,15 @@ class DistributedEmbeddings(
             trainable=trainable_config(self, _plain(self._trainable_option)),
             l2_batch_regularization_factor=_plain(self.l2_batch_regularization_factor),
             input_length=self.input_length,
-            backend=self._requested_backend,
-            validate_ids=self.validate_ids,
-            exchange_dtype=self.exchange_dtype,
-            table_dtype=self.table_dtype,
-            exchange_ahead=self.exchange_ahead,
-            merge_backward=self.merge_backward,
             dynamic_tables={k: asdict(v) for k, v in self.dynamic_tables.items()} or None,
-            **self.options,
+            **options_config(self.placement_options, self.exchange_options),
         )
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        # a config saved before the option objects holds their keywords, which the block takes
+        config = from_options_config(config)
         config["schema"] = tensorflow_metadata_json_to_schema(config["schema"])
         return cls(**config)  # initializers stay serialized; _initializer() resolves them
 
@@ -593,16 +580,16 @@ def _shape(shape) -> tf.TensorShape:
         return tf.TensorShape(None)
 
 
-def _check_unsupported(activity_regularizer, table_cls, pre, post, aggregation, kwargs):
-    """``mm.Embeddings`` arguments whose meaning the block does not implement raise, named."""
+def _check_unsupported(kwargs):
+    """``mm.Embeddings`` arguments whose meaning the block does not implement raise, named;
+    their defaults are taken out of ``kwargs``."""
     from merlin.models.tf.inputs.embedding import EmbeddingTable
 
     given = {
-        "activity_regularizer": (activity_regularizer, "None"),
-        "pre": (pre, "None"),
-        "post": (post, "None"),
-        "aggregation": (aggregation, "None"),
+        option: (kwargs.pop(option, None), "None")
+        for option in ("activity_regularizer", "pre", "post", "aggregation")
     }
+    table_cls = kwargs.pop("table_cls", None)
     if table_cls not in (None, EmbeddingTable):
         given["table_cls"] = (table_cls, "None or mm.EmbeddingTable")
     for key in IGNORED_LIKE_MERLIN:

@@ -142,7 +142,7 @@ def test_the_option_is_checked_and_saved():
     ):
         mm.DistributedEmbeddings(fc.small_schema(), dim=4, exchange_ahead="no")
     block = mm.DistributedEmbeddings(fc.small_schema(), dim=4, exchange_ahead=False)
-    assert block.get_config()["exchange_ahead"] is False
+    assert block.get_config()["exchange"]["exchange_ahead"] is False
     assert type(block).from_config(block.get_config()).exchange_ahead is False
 
 

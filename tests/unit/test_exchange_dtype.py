@@ -80,7 +80,7 @@ def test_config_round_trip_keeps_the_exchange_dtype():
     again = DistributedEmbeddings.from_config(emb.get_config())
     assert again.exchange_dtype == "bfloat16"
     assert again.backend.exchange_dtype == "bfloat16"
-    assert block().get_config()["exchange_dtype"] is None
+    assert block().get_config()["exchange"]["exchange_dtype"] is None
 
 
 @pytest.mark.parametrize("value", ["int8", "float64", "fp16", tf.float32])
