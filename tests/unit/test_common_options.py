@@ -47,3 +47,25 @@ def test_a_dataset_directory_is_checked_for_schema_files_and_rows(tmp_path):
     (tmp_path / "part_1.parquet").unlink()
     pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "part_1.parquet")
     assert options.parquet_files_problem(flag, str(tmp_path)) is None
+
+
+def test_the_dlrm_options_build_the_blocks_option_objects():
+    from merlin_models_de.apps.dlrm.options import check_options, parser
+    from merlin_models_de.backends.options import ExchangeOptions
+    from merlin_models_de.planner.options import PlacementOptions
+
+    argv = ["--strategy", "memory_optimized", "--data-parallel-threshold", "100"]
+    args = parser().parse_args(argv + ["--no-validate-ids", "--exchange-dtype", "bfloat16"])
+    assert options.placement_of(args) == PlacementOptions(
+        "memory_optimized", data_parallel_threshold=100
+    )
+    assert options.exchange_of(args) == ExchangeOptions(
+        validate_ids=False, exchange_dtype="bfloat16"
+    )
+    # the next-item command has no exchange dtypes: those keep their defaults
+    few = SimpleNamespace(backend="horovod", validate_ids=True)
+    assert options.exchange_of(few) == ExchangeOptions(backend="horovod")
+    bad = parser().parse_args(["--row-slice-threshold", "0"])
+    assert check_options(bad) == (
+        "row_slice_threshold must be a positive int or None. Received: row_slice_threshold=0"
+    )

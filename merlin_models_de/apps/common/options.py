@@ -26,7 +26,9 @@ from merlin_models_de.apps.common.console import quiet_imports
 from merlin_models_de.apps.common.huge_pages import relaunch_on_huge_pages
 from merlin_models_de.apps.common.schemas import SCHEMA_FILES, schema_file_in
 from merlin_models_de.backends.memory import available_bytes
+from merlin_models_de.backends.options import ExchangeOptions
 from merlin_models_de.launchers import launch_env
+from merlin_models_de.planner.options import PlacementOptions, field_names
 
 EMBEDDINGS = ("distributed", "merlin")  # merlin: mm.Embeddings (data parallel), for baselines
 # the DLRM command's speed bound (common/optimizers.optimizer_for), not a valid training
@@ -109,13 +111,32 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def placement_options(args) -> dict:
-    """The ``DistributedEmbeddings`` arguments both commands' placement options give."""
-    return dict(
+def placement_of(args) -> PlacementOptions:
+    """The placement a command's options give (``--strategy`` and the thresholds); raises
+    ValueError naming a bad value. The step ``work_balanced`` places for keeps its
+    defaults: the block plans the same as before the options were an object."""
+    return PlacementOptions(
         strategy=args.strategy,
         column_slice_threshold=args.column_slice_threshold,
         row_slice_threshold=args.row_slice_threshold,
         data_parallel_threshold=args.data_parallel_threshold,
+    )
+
+
+def exchange_of(args) -> ExchangeOptions:
+    """How a command's options say the exchange runs; an option the command does not have
+    (the next-item command has no ``--exchange-dtype``) keeps its default. Raises ValueError
+    naming a bad value."""
+    names = field_names(ExchangeOptions)
+    return ExchangeOptions(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def placement_options(args) -> dict:
+    """The ``DistributedEmbeddings`` arguments both commands' placement options give: the
+    placement as an object and ``--backend`` / ``--no-validate-ids`` as keywords (a command
+    passes its other exchange options as keywords beside them)."""
+    return dict(
+        placement=placement_of(args),
         backend=args.backend,
         validate_ids=args.validate_ids,
     )

@@ -20,8 +20,10 @@ from merlin_models_de.apps.common.options import (
     add_run_options,
     dataset_dir_problem,
     elastic_problem,
+    exchange_of,
     ints,
     parquet_files_problem,
+    placement_of,
     world,
 )
 from merlin_models_de.apps.common.program import program_name
@@ -29,7 +31,7 @@ from merlin_models_de.apps.common.row_hashing import add_hashing_option
 from merlin_models_de.apps.common.schemas import synthetic_dataset_names
 from merlin_models_de.backends.options import EXCHANGE_DTYPES
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
-from merlin_models_de.planner import STRATEGIES, validate_options
+from merlin_models_de.planner import STRATEGIES
 from merlin_models_de.planner.strategies import NVIDIA_STRATEGIES
 from merlin_models_de.tables import TABLE_DTYPES, narrow_table_bytes
 
@@ -231,14 +233,9 @@ def check_options(args) -> str | None:  # noqa: C901 (one flat check per option)
             f"--backend distributed-embeddings places with {', '.join(NVIDIA_STRATEGIES)} "
             f"only. Received: --strategy={args.strategy}"
         )
-    try:
-        validate_options(
-            size,
-            args.strategy,
-            args.column_slice_threshold,
-            args.row_slice_threshold,
-            args.data_parallel_threshold,
-        )
+    try:  # the objects the model is built with (dlrm/model.py) check their own values
+        placement_of(args)
+        exchange_of(args)
     except ValueError as err:
         return str(err)
     return None
