@@ -3,7 +3,6 @@ a plain single-process run (a subprocess without Horovod) on the same global bat
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from merlin_models_de.backends.registry import is_importable
 from merlin_models_de.variables import embedding_blocks
 from tests.ranks import oracle_dlrm as fc
 from tests.ranks.one_process import one_process_env
-from tests.tf_inspection import TFLogRecords, collectives
+from tests.tf_inspection import TFLogRecords, stage_names_per_trace
 
 PER_RANK = 32
 STEPS = 4
@@ -122,13 +121,10 @@ def test_fit_evaluate_predict_match_one_process(
         # (rows and the dense average, backends/horovod/backward.py); with tf.data the next
         # batch's ids ride in the rows forward (the step's own "ids" exchange runs only when
         # nothing is kept), else the ids go before the lookups
-        rounds = sorted(
-            re.sub(r"^mmde_.*_[0-9a-f]{8}_", "", name.rsplit("/", 1)[-1])
-            for name in collectives(model.train_function)
-        )
+        (rounds,) = stage_names_per_trace(model.train_function)
         scheduled = block.backend.schedule.in_fit(next_batch=feed == "tf.data", merged=True)
-        assert rounds == sorted(c.name for c in scheduled), rounds
-        assert rounds == ["ids", "mmde_merged", "vectors"], rounds
+        assert rounds == [c.name for c in scheduled], rounds
+        assert rounds == ["ids", "vectors", "mmde_merged"], rounds
 
     final = fc.snapshot(model)
     # Adam divides by sqrt(v): rows with tiny gradients magnify float round-off of the

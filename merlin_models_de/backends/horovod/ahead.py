@@ -16,7 +16,8 @@ Two halves:
   batch's id features (one pass over the data: a ``scan`` that holds one batch back; the last
   batch is paired with an empty one, which tells every rank that nothing follows); the step's
   owner takes them out of the batch again (``backends/step.py``), so the model never sees them;
-- the step: :class:`Lookahead` holds what arrived. The checks go with the ids: step i counts
+- the step: :class:`Lookahead` holds what arrived (the step's stages, :mod:`.pipeline`, send
+  and keep it). The checks go with the ids: step i counts
   batch i+1's problems and sends the count in the header; step i+1 asserts them, as it would
   have, with this rank's first problem kept as a message. When nothing is kept (a first step,
   after a last batch, a new ``fit``) the step exchanges its own ids. The choice is a variable
@@ -28,7 +29,7 @@ Extra memory: one batch held back in the input, and one batch's received ids kep
 
 Example:
     >>> train = pipelined(model, loader_dataset(ds, batch_size=512))  # doctest: +SKIP
-    >>> received, splits = backend.lookahead.this_step(inputs, batch, problems)  # doctest: +SKIP
+    >>> received, splits = lookahead.kept_or(exchange_now, batch, rank, n)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from merlin_models_de import comm
 from merlin_models_de.backends.step import NEXT_KEY
-from merlin_models_de.backends.validate import batch_size, check_headers
+from merlin_models_de.backends.validate import check_headers
 from merlin_models_de.variables import embedding_blocks
 
 # ---- the input: each batch paired with the next one's ids ----------------------------------
@@ -133,13 +133,13 @@ def _with_shape(value, spec):
 
 
 class Lookahead:
-    """The kept exchange of one backend (variables outside Keras' tracking: never saved).
+    """The kept exchange of one backend: variables outside Keras' tracking (never saved),
+    read and written by the step's stages (:mod:`.pipeline`).
 
     ``traced_steps`` counts the traced steps that sent a next batch (what a test asks of a
     ``fit``: did its step take the pipeline's ids)."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, world_size: int):
         self.traced_steps = 0
         with tf.init_scope():  # also when the block is built inside a traced step
             self.kept = tf.Variable(False, trainable=False, name="lookahead_kept")
@@ -150,7 +150,7 @@ class Lookahead:
                 name="lookahead_ids",
             )
             self.splits = tf.Variable(
-                tf.zeros([backend.world_size], tf.int32), trainable=False, name="lookahead_splits"
+                tf.zeros([world_size], tf.int32), trainable=False, name="lookahead_splits"
             )
             self.ok = tf.Variable(True, trainable=False, name="lookahead_ok")
             self.problem = tf.Variable("", trainable=False, name="lookahead_problem")
@@ -159,10 +159,10 @@ class Lookahead:
         """Nothing kept (a new ``fit``: its first batch is not the one kept)."""
         self.kept.assign(False)
 
-    def this_step(self, inputs, batch, problems):
-        """(received, received_splits) of this step's batch, checked on every rank: kept by
-        the step before, or exchanged now."""
-        b = self.backend
+    def kept_or(self, now, batch, rank: int, world_size: int):
+        """``(received, received_splits)`` of this step's batch, checked on every rank: kept
+        by the step before (its headers checked here), or ``now()``, the ids' exchange with
+        its checks, when nothing was kept. The choice is a variable every rank sets alike."""
 
         def kept():
             received, splits = tf.identity(self.received), tf.identity(self.splits)
@@ -170,47 +170,14 @@ class Lookahead:
                 received,
                 splits,
                 batch,
-                b.rank,
-                b.world_size,
+                rank,
+                world_size,
                 [(self.ok.read_value(), [self.problem.read_value()])],
             )
             with tf.control_dependencies(checks):
                 return tf.identity(received), tf.identity(splits)
 
-        def now():
-            header, check = b.header_and_check(inputs, batch, problems)
-            received, splits = b.send_ids(inputs, header, b.collective_name("ids"))
-            with tf.control_dependencies(check(received, splits)):
-                return tf.identity(received), tf.identity(splits)
-
         return tf.cond(self.kept, kept, now)
-
-    def message(self, inputs, problems, after) -> "NextIds":
-        """The next batch's id message, which this step sends; ``after``: this step's
-        ``(received, splits)`` from :meth:`this_step`, checked.
-
-        The message waits for this step's checks (a data dependency on their result): a step
-        whose batch fails them fails on every rank before any rank sends, so no rank is left
-        with a half-run collective that the next one would meet.
-
-        Every step sends, also after the last batch (an empty one): ranks whose data ends at
-        different steps (``steps_per_epoch`` below one rank's batches) still run the same
-        collectives."""
-        b = self.backend
-        self.traced_steps += 1
-        batch = batch_size(inputs)
-        count, deferred = b.local_problem_checks(inputs, batch, problems)
-        header = comm.after(tf.stack([batch, count]), after[0])
-        payload, splits = b.id_message(inputs, header)
-        ok, message = first_problem(deferred)
-        return NextIds(payload, splits, ok, message, after[0])
-
-    def send_alone(self, sent: "NextIds"):
-        """``(received, splits)`` of ``sent`` in an all-to-all of its own (the schedule's
-        choice where no exchange of the step carries it)."""
-        return comm.alltoall(
-            sent.payload, sent.splits, name=self.backend.collective_name("ids_next")
-        )
 
     def keep(self, sent: "NextIds", received, splits) -> None:
         """Keeps what arrived of ``sent`` for the next step.
