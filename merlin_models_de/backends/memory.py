@@ -129,13 +129,17 @@ def _headroom(directory: str, version: int):
 
 def check_fits(plan, dtype_bytes: int, ranks_per_host: int, host_bytes: int | None) -> None:
     """Raises MemoryError naming the busiest rank, its largest table and the bytes, when that
-    rank's shards alone exceed ``host_bytes / ranks_per_host``."""
+    rank's shards alone (``dtype_bytes`` an element, and the key maps of dynamic tables)
+    exceed ``host_bytes / ranks_per_host``.
+
+    The count is the planner's (``ShardingPlan.rank_bytes``) without optimizer state: the
+    block is built before the model is compiled, so the optimizer is not known yet. It
+    refuses only what no optimizer can fit; ``mmde-plan``'s peak model counts the state and
+    the copies a start makes."""
     if not host_bytes:
         return
     budget = host_bytes // max(1, ranks_per_host)
-    per_rank = [
-        sum(s.elements for s in plan.shards_on(r)) * dtype_bytes for r in range(plan.world_size)
-    ]
+    per_rank = [plan.rank_bytes(r, "sgd", dtype_bytes) for r in range(plan.world_size)]
     busiest = max(range(plan.world_size), key=lambda r: per_rank[r])
     if per_rank[busiest] <= budget:
         return

@@ -22,6 +22,18 @@ def test_the_busiest_rank_is_checked_against_its_share_of_the_host():
     assert f"Rank {two.shards_of('big')[0].rank} would hold 62.5 KiB" in str(err.value)
 
 
+def test_the_key_maps_of_dynamic_tables_count():
+    from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
+    from merlin_models_de.tables import DynamicTable
+
+    dynamic = [TableSpec("big", 1000, 16, (FeatureSpec("big", "big"),), dynamic=DynamicTable(1000))]
+    one = plan(dynamic, 1)
+    held = 1000 * 16 * 4 + 1000 * KEY_MAP_BYTES_PER_ROW
+    check_fits(one, 4, ranks_per_host=1, host_bytes=held)
+    with pytest.raises(MemoryError, match=r"table 'big'"):
+        check_fits(one, 4, ranks_per_host=1, host_bytes=held - 1)
+
+
 def _cgroup(directory, limit, current, inactive):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "memory.max").write_text(f"{limit}\n")
