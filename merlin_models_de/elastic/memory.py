@@ -9,7 +9,8 @@ the new world will hold at its peak, and every rank refuses together when one ho
 it.
 
 A rank's peak in a reset, over what it holds before (the old model is freed first):
-- its shards with every saved part (table and slots) once restored, plus the largest part's
+- its shards with every saved part (table and slots) once restored, and a dynamic table's
+  key map (and candidates) as the planner counts it, plus the largest part's
   buffer a streaming restore reads (``restore_checkpoint(..., all_or_nothing=False)``) and its
   conversion to a tensor when assigned (two copies: measured, tests/unit/test_elastic_memory.py);
 - or, while initializing, its tables plus two more copies of the largest table a single rank
@@ -33,7 +34,9 @@ import os
 import numpy as np
 
 from merlin_models_de import planner
+from merlin_models_de.dynamic.rehome import candidate_rows
 from merlin_models_de.planner.memory import ALLOCATOR_OVERHEAD, with_two_copies
+from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
 from merlin_models_de.tables import human_bytes
 
 # the largest world size the advice in the refusal looks for (re-planning is cheap up to here;
@@ -63,6 +66,10 @@ def reset_peak_bytes(manifest, world_size: int, overhead: float = ALLOCATOR_OVER
                 sizes = [math.prod(p.shape(shard)) * np.dtype(p.dtype).itemsize for p in parts]
                 restored[rank] += sum(sizes)
                 tables[rank] += sizes[0]
+                if shard.table in block.maps:  # a dynamic table's key map and candidates
+                    option = block.maps[shard.table].option
+                    slots = shard.rows + candidate_rows(option, shard.rows)
+                    restored[rank] += KEY_MAP_BYTES_PER_ROW * slots
                 buffer[rank] = max(buffer[rank], max(sizes))
                 if world_size == 1:
                     largest_drawn[rank] = max(largest_drawn[rank], sizes[0])

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.persistence import keymaps
 from merlin_models_de.persistence.disk import check_free_space, npy_bytes
 from merlin_models_de.persistence.io import (
     StorageError,
@@ -215,6 +216,8 @@ def _prepare(model, directory, step) -> _Prepared:
                 npy_bytes(part_shape(shard, per_row[n]), numpy_dtype(v).itemsize)
                 for n, v in state.parts(var)
             )
+            if keymaps.keymap_of(block, shard.table) is not None:
+                size += keymaps.map_bytes(shard, block.plan.table(shard.table).dynamic)
     # rank 0 names the temporary directory; it is created by the first write into it
     tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}") if comm.rank() == 0 else None
     if comm.rank() == 0:
@@ -265,6 +268,11 @@ def _write_shards(state, tmp, parts) -> None:
                 # `assign` that holds the variable for as long as the slice lives
                 write_array(path, to_disk(source.value()[first : first + shard.rows].numpy()))
                 written.append(path)
+            keymap = keymaps.keymap_of(block, shard.table)
+            if keymap is not None:
+                option = block.plan.table(shard.table).dynamic
+                stems = keymaps.map_stems(b, index[shard.table], option)
+                written += keymaps.write_map(tmp, stems, shard.rank, keymap)
     fsync_directories(tmp, written)
 
 
@@ -322,16 +330,17 @@ def _describe_block(b, block, parts) -> dict:
     tables = []
     for t, table in enumerate(block.plan.tables):
         stems = _stems(parts, b, t, table.name)
-        tables.append(
-            {
-                "name": table.name,
-                "parts": [
-                    {"name": name, "file": stems[name], "dtype": dtype}
-                    | ({"per_row": True} if per_row else {})
-                    for name, dtype, per_row in parts.get((b, table.name), [])
-                ],
-            }
-        )
+        entry = {
+            "name": table.name,
+            "parts": [
+                {"name": name, "file": stems[name], "dtype": dtype}
+                | ({"per_row": True} if per_row else {})
+                for name, dtype, per_row in parts.get((b, table.name), [])
+            ],
+        }
+        if table.dynamic is not None:  # its key map, beside each rank's shard
+            entry["map"] = keymaps.map_stems(b, t, table.dynamic)
+        tables.append(entry)
     return {"name": block.name, "plan": block.plan.to_dict(), "tables": tables}
 
 

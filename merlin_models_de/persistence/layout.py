@@ -7,10 +7,13 @@ Layout of a checkpoint directory::
     ckpt-<step>[-<k>]/manifest.json      what is where (see manifest.py)
     ckpt-<step>[-<k>]/dense.npz          dense weights, their slots, optimizer scalars (rank 0)
     ckpt-<step>[-<k>]/tables/<b>/<t>/<part>-r<rank>.npy   one saved shard per file
+    ckpt-<step>[-<k>]/tables/<b>/<t>/<map>-r<rank>.npy    a dynamic table's key map, per rank
 
 ``<b>`` and ``<t>`` are the positions of the block and of the table in the manifest, and
 ``<part>`` is ``table`` or ``slot<i>``: file names never contain a table, column, block or
-slot name, so no name can lead a file outside the checkpoint. Every path read from the
+slot name, so no name can lead a file outside the checkpoint. A dynamic table's ``<map>``
+files are ``keymap`` (its slots: key, count, last step), ``candidates`` (the same for keys
+not admitted yet) and ``counters`` (step, admitted, evicted). Every path read from the
 manifest is resolved and must stay inside the checkpoint; so must ``latest``.
 
 Example:
@@ -69,6 +72,15 @@ def part_stem(block_index: int, table_index: int, part_index: int) -> str:
     """Path (inside the checkpoint, without rank and suffix) of one part of one table."""
     part = "table" if part_index == 0 else f"slot{part_index - 1}"
     return f"tables/{block_index}/{table_index}/{part}"
+
+
+MAP_FILES = ("keymap", "candidates", "counters")
+
+
+def map_stem(block_index: int, table_index: int, what: str) -> str:
+    """Path (inside the checkpoint, without rank and suffix) of one of a dynamic table's
+    key map files (``what``: one of :data:`MAP_FILES`)."""
+    return f"tables/{block_index}/{table_index}/{what}"
 
 
 def shard_file(root: str, stem: str, rank: int) -> str:

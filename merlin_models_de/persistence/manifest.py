@@ -3,7 +3,8 @@
 ``manifest.json`` records the step, the save number, the world size, every block's sharding
 plan, which file holds which table or optimizer slot (see :mod:`.layout` for the file
 names), and the layout of the dense weights and the optimizer's other state in
-``dense.npz``. :func:`read_manifest` checks its structure, the plans' geometry (the saved
+``dense.npz``; for a dynamic table, the files of its key map (one set per saved rank, see
+:data:`.layout.MAP_FILES`). :func:`read_manifest` checks its structure, the plans' geometry (the saved
 shards tile each table exactly) and that every file it names lies inside the checkpoint;
 :func:`check_complete` and :func:`read_full_tables` check the files it lists.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 import os
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from merlin_models_de.dynamic.rehome import candidate_rows
 from merlin_models_de.persistence.io import (
     StorageError,
     check_array,
@@ -27,7 +29,7 @@ from merlin_models_de.persistence.io import (
     read_json,
     write_json,
 )
-from merlin_models_de.persistence.layout import DENSE, MANIFEST, shard_file
+from merlin_models_de.persistence.layout import DENSE, MANIFEST, MAP_FILES, shard_file
 from merlin_models_de.planner.types import ShardingPlan
 
 FORMAT = "merlin-models-de/2"
@@ -63,6 +65,27 @@ def part_shape(shard, per_row: bool) -> tuple:
     return (shard.rows, 1 if per_row else shard.cols)
 
 
+MAP_COLUMNS = 3  # a key map file's columns: key, count (0: an empty slot), last step
+
+
+@dataclass(frozen=True)
+class SavedMap:
+    """A dynamic table's key map: ``{what: file stem}`` (:data:`.layout.MAP_FILES`; no
+    ``candidates`` for a table that admits at once), one file of each per saved rank."""
+
+    stems: dict
+    option: object  # the table's DynamicTable when it was saved
+
+    def arrays(self, shard) -> dict:
+        """``{what: (stem, shape)}`` of the files ``shard``'s rank saved (int64)."""
+        shapes = {
+            "keymap": (shard.rows, MAP_COLUMNS),
+            "candidates": (candidate_rows(self.option, shard.rows), MAP_COLUMNS),
+            "counters": (MAP_COLUMNS,),
+        }
+        return {what: (stem, shapes[what]) for what, stem in self.stems.items()}
+
+
 @dataclass(frozen=True)
 class SavedBlock:
     """One embedding block of a checkpoint."""
@@ -70,6 +93,7 @@ class SavedBlock:
     name: str
     plan: ShardingPlan
     parts: dict  # table name -> tuple of Part, "table" first
+    maps: dict = field(default_factory=dict)  # dynamic table name -> SavedMap
 
 
 @dataclass(frozen=True)
@@ -234,21 +258,45 @@ class _ManifestReader:
                 "must name the plan's tables in the plan's order",
             )
         parts = {t["name"]: self.parts(f"{field}.tables[{j}]", t) for j, t in enumerate(tables)}
-        return SavedBlock(name, plan, parts)
+        maps = {}
+        for j, (raw_table, spec) in enumerate(zip(tables, plan.tables)):
+            saved = self.keymap(f"{field}.tables[{j}]", raw_table, spec)
+            if saved is not None:
+                maps[spec.name] = saved
+        return SavedBlock(name, plan, parts, maps)
+
+    def keymap(self, field, raw, spec) -> SavedMap | None:
+        """A dynamic table's ``map`` (its file stems); None for a fixed table. Present exactly
+        where the plan says the table is dynamic."""
+        where = f"{field}.map"
+        if spec.dynamic is None:
+            if raw.get("map") is not None:
+                raise self.fail(where, raw["map"], "is given for a table the plan says is fixed")
+            return None
+        stems = self.get(raw, "map", dict, where)
+        wanted = [w for w in MAP_FILES if w != "candidates" or candidate_rows(spec.dynamic, 1)]
+        if sorted(stems) != sorted(wanted):
+            raise self.fail(where, sorted(stems), f"must name the files {wanted}")
+        for what in wanted:
+            self.stem(f"{where}.{what}", self.get(stems, what, str, f"{where}.{what}"))
+        return SavedMap(dict(stems), spec.dynamic)
+
+    def stem(self, field, stem) -> str:
+        if not _FILE_STEM.fullmatch(stem):
+            raise self.fail(
+                field,
+                stem,
+                "must be a relative path of plain "
+                "names (letters, digits, _ and -) inside the checkpoint",
+            )
+        inside(self.root, stem, what=f"file of {field}")
+        return stem
 
     def parts(self, field, raw) -> tuple:
         parts = []
         for k, p in enumerate(self.get(raw, "parts", list, f"{field}.parts")):
             where = f"{field}.parts[{k}]"
-            stem = self.get(p, "file", str, f"{where}.file")
-            if not _FILE_STEM.fullmatch(stem):
-                raise self.fail(
-                    f"{where}.file",
-                    stem,
-                    "must be a relative path of plain "
-                    "names (letters, digits, _ and -) inside the checkpoint",
-                )
-            inside(self.root, stem, what=f"file of {where}")
+            stem = self.stem(f"{where}.file", self.get(p, "file", str, f"{where}.file"))
             parts.append(
                 Part(
                     self.get(p, "name", str, f"{where}.name"),
@@ -354,6 +402,10 @@ def check_complete(path: str) -> Manifest:
             for part in block.parts[table.name]:
                 for s in block.plan.stored_shards_of(table.name):
                     check_array(shard_file(path, part.stem, s.rank), part.shape(s), part.dtype)
+            if table.name in block.maps:
+                for s in block.plan.stored_shards_of(table.name):
+                    for stem, shape in block.maps[table.name].arrays(s).values():
+                        check_array(shard_file(path, stem, s.rank), shape, np.int64)
     dense = os.path.join(path, DENSE)
     try:
         with zipfile.ZipFile(dense) as archive:
@@ -370,8 +422,13 @@ def check_complete(path: str) -> Manifest:
     return manifest
 
 
+KEYMAP_PART = Part("keymap", "", np.dtype(np.int64))  # read_full_tables' name for a key map
+
+
 def read_full_tables(path: str) -> dict:
-    """A checkpoint's tables and slots as full arrays: ``{block: {table: {part: array}}}``.
+    """A checkpoint's tables and slots as full arrays: ``{block: {table: {part: array}}}``;
+    a dynamic table's also holds ``keymap``, its slots in row order (``[rows, 3]``: key,
+    count, last step).
 
     Reads the files only (no TensorFlow model, no Horovod): for inspection and tests. Every
     file is checked against the manifest before any table is assembled.
@@ -388,15 +445,23 @@ def read_full_tables(path: str) -> dict:
                     file = shard_file(path, part.stem, s.rank)
                     check_array(file, part.shape(s), part.dtype)
                     jobs.append((block.name, table, part, s, file))
+            if table.name in block.maps:
+                for s in block.plan.stored_shards_of(table.name):
+                    stem, shape = block.maps[table.name].arrays(s)["keymap"]
+                    file = shard_file(path, stem, s.rank)
+                    check_array(file, shape, np.int64)
+                    jobs.append((block.name, table, KEYMAP_PART, s, file))
     out: dict = {}
     for block_name, table, part, s, file in jobs:
         parts = out.setdefault(block_name, {}).setdefault(table.name, {})
         if part.name not in parts:
-            width = 1 if part.per_row else table.dim
+            width = MAP_COLUMNS if part is KEYMAP_PART else 1 if part.per_row else table.dim
             parts[part.name] = np.zeros((table.rows, width), part.dtype)
-        first, cols = part.columns(s)
+        keymap = part is KEYMAP_PART
+        first, cols = (0, MAP_COLUMNS) if keymap else part.columns(s)
+        shape = (s.rows, MAP_COLUMNS) if keymap else part.shape(s)
         parts[part.name][s.row_start : s.row_start + s.rows, first : first + cols] = load_array(
-            file, part.shape(s), part.dtype
+            file, shape, part.dtype
         )
     for block_name, table, part, _, _ in jobs:  # assembled as stored: bfloat16 as its bits
         parts = out[block_name][table.name]

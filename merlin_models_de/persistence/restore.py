@@ -10,6 +10,9 @@
    (through memory maps, in row chunks) into arrays shaped like its shards.
 4. *Write*: only when every rank has read every piece are the model's variables assigned.
 
+A dynamic table's keys go to the ranks that own them now, with their rows and optimizer
+state (:mod:`.keymaps`); step 2 decides where each goes, from the saved key maps.
+
 A failure in steps 1-3 on any rank -- a bad file, an I/O error on the fifth shard -- raises
 on every rank and leaves every rank's model as it was. The price: while restoring, a rank
 holds its own shards a second time. A fresh model that is thrown away when its restore fails
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from merlin_models_de import comm
+from merlin_models_de.persistence import keymaps
 from merlin_models_de.persistence.io import (
     StorageError,
     check_array,
@@ -108,6 +112,10 @@ class _Restore:
     manifest: object
     copies: list = field(default_factory=list)  # (file, saved shard, Part, target, shard, first)
     assigns: list = field(default_factory=list)  # (variable, array)
+    # id(target) -> [(file, shape, dtype, its rows, the target's rows)]: dynamic tables' rows
+    # whose key moved to another slot (after the copies by row)
+    moves: dict = field(default_factory=dict)
+    maps: list = field(default_factory=list)  # keymaps.Rehomed, loaded after the writes
 
 
 def restore_checkpoint(model, directory: str, *, all_or_nothing: bool = True) -> dict:
@@ -127,7 +135,10 @@ def restore_checkpoint(model, directory: str, *, all_or_nothing: bool = True) ->
             for a fresh model that is thrown away if the restore fails (an elastic reset).
 
     Returns:
-        The manifest (``step``, ``world_size``, ...).
+        The manifest (``step``, ``world_size``, ...); with dynamic tables, also
+        ``"rehomed"``: per rank ``{(block, table): {"keys", "evicted", "candidates",
+        "forgotten"}}`` (the keys it owns now, those evicted for want of rows, and the same
+        for candidates). Where a rank evicted, rank 0 prints one line per table saying so.
 
     Raises:
         FileNotFoundError: when ``directory`` holds no complete checkpoint.
@@ -145,8 +156,10 @@ def restore_checkpoint(model, directory: str, *, all_or_nothing: bool = True) ->
     plan, seen = _stage(
         "restore (check)",
         lambda: _plan_restore(model, directory, names[0]),
-        share=lambda p: _identity(p.manifest),
+        share=lambda p: (_identity(p.manifest), {(m.block, m.table): m.stats for m in p.maps}),
     )
+    rehomed = [r for _, r in seen]
+    seen = [s for s, _ in seen]
     if any(s != seen[0] for s in seen):
         raise StorageError(
             f"The ranks see different checkpoints under the name {names[0]} in {directory} "
@@ -155,10 +168,16 @@ def restore_checkpoint(model, directory: str, *, all_or_nothing: bool = True) ->
         )
     if all_or_nothing:
         shards, _ = _stage("restore (read)", lambda: list(_filled_shards(plan)))
-        _stage("restore (write)", lambda: _apply(shards, plan.assigns))
+        _stage("restore (write)", lambda: _apply(shards, plan.assigns, plan.maps))
     else:
-        _stage("restore (read and write)", lambda: _apply(_filled_shards(plan), plan.assigns))
-    return plan.manifest.raw
+        _stage(
+            "restore (read and write)",
+            lambda: _apply(_filled_shards(plan), plan.assigns, plan.maps),
+        )
+    if not any(rehomed):
+        return plan.manifest.raw
+    keymaps.print_notices(rehomed, plan.manifest.world_size)
+    return dict(plan.manifest.raw, rehomed=rehomed)
 
 
 def _resolve(directory):
@@ -198,7 +217,8 @@ def _match_blocks(manifest, blocks) -> dict:
             f"manifest={manifest.path}"
         )
     for block in blocks:
-        want = {t.name: (t.rows, t.dim) for t in saved[block.name].plan.tables}
+        tables = saved[block.name].plan.tables
+        want = {t.name: (t.rows, t.dim) for t in tables}
         have = {t.name: (t.rows, t.dim) for t in block.tables}
         for name in sorted(set(want) | set(have)):
             if want.get(name) != have.get(name):
@@ -207,7 +227,19 @@ def _match_blocks(manifest, blocks) -> dict:
                     f"'{name}': checkpoint (rows, dim)={want.get(name)}, model "
                     f"(rows, dim)={have.get(name)}. Received: manifest={manifest.path}"
                 )
+        kinds = {t.name: _kind(t) for t in block.tables}
+        for t in tables:  # a dynamic table's rows are found by key, a fixed one's by row
+            if _kind(t) != kinds[t.name]:
+                raise StorageError(
+                    f"Checkpoint does not match the model in block '{block.name}', table "
+                    f"'{t.name}': the checkpoint's table is {_kind(t)}, the model's "
+                    f"{kinds[t.name]}. Received: manifest={manifest.path}"
+                )
     return saved
+
+
+def _kind(table) -> str:
+    return "fixed" if table.dynamic is None else "dynamic"
 
 
 def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
@@ -236,6 +268,15 @@ def _plan_shard(plan, path, saved, block, shard, state, with_optimizer) -> None:
                 file = shard_file(path, part.stem, old.rank)
                 check_array(file, part.shape(old), part.dtype)
                 plan.copies.append((file, old, part, target, shard, first))
+    if shard.table in saved.maps:
+        rehomed = keymaps.plan_map(path, saved, block, shard)
+        plan.maps.append(rehomed)
+        for name, target in targets.items():
+            part = parts[name]
+            plan.moves[id(target)] = [
+                (shard_file(path, part.stem, old.rank), part.shape(old), part.dtype, src, dst)
+                for old, src, dst in rehomed.moves
+            ]
 
 
 def _plan_dense(plan, path, manifest, state, with_optimizer) -> None:
@@ -302,6 +343,14 @@ def _overlap(shard, old):
     return (r0, r1, c0, c1) if r0 < r1 and c0 < c1 else None
 
 
+def _moved(plan, filled):
+    """``filled`` with the rows of the dynamic-table keys that moved to another slot."""
+    target, _, out = filled
+    for file, shape, dtype, src, dst in plan.moves.get(id(target), ()):
+        out[dst] = load_array(file, shape, dtype)[src]
+    return filled
+
+
 def _filled_shards(plan):
     """Yields ``(variable, first row, array)`` for each of this rank's shards, the array read
     from every saved rectangle it overlaps (the plan's tiling check guarantees it is filled);
@@ -310,7 +359,7 @@ def _filled_shards(plan):
     for file, old, part, target, shard, first in plan.copies:
         if (id(target), first) != key:  # a target's copies are consecutive (_plan_shard)
             if filled is not None:
-                yield filled
+                yield _moved(plan, filled)
             done.add(key)
             filled = None
             key = (id(target), first)
@@ -325,7 +374,7 @@ def _filled_shards(plan):
                 f"Cannot read checkpoint file {file} on rank {comm.rank()}: {exc}"
             ) from exc
     if filled is not None:
-        yield filled
+        yield _moved(plan, filled)
 
 
 def _copy(data, old, shard, out, part) -> None:
@@ -343,7 +392,7 @@ def _copy(data, old, shard, out, part) -> None:
         ]
 
 
-def _apply(shards, assigns) -> None:
+def _apply(shards, assigns, maps=()) -> None:
     for target, first, array in shards:
         array = from_disk(array, target.dtype.name)
         if first == 0 and tuple(target.shape) == array.shape:
@@ -353,3 +402,5 @@ def _apply(shards, assigns) -> None:
         del array  # a streamed shard goes before the next is read
     for var, array in assigns:
         var.assign(array)
+    for rehomed in maps:
+        rehomed.load()

@@ -1,6 +1,8 @@
 """What a checkpoint holds of a model: every array, under the name it is saved as.
 
-A model's state is its embedding blocks' shards, its dense weights and its optimizer's state:
+A model's state is its embedding blocks' shards (a dynamic table's with its key map, see
+:mod:`.keymaps`), its dense weights (with the dynamic tables' default rows, which every rank
+holds alike) and its optimizer's state:
 for every variable its slots (``accumulator``, ``m``, ``v``, ...) and the optimizer's other
 variables (``iterations`` and the like). An optimizer whose state cannot be told apart this
 way is refused with its name, never saved in part.
@@ -58,7 +60,8 @@ class ModelState:
 
     Attributes:
         blocks: The embedding blocks, in discovery order.
-        dense: The weights outside the blocks, in ``model.weights`` order.
+        dense: The weights outside the blocks, in ``model.weights`` order, then the blocks'
+            dynamic tables' default rows (in block and table order).
         optimizer: The model's optimizer, or None.
         extra: The optimizer's variables that are nobody's slot (``iterations`` and other
             scalars), in a fixed order.
@@ -96,12 +99,9 @@ def model_state(model) -> ModelState:
             (it lives outside the optimizer's variables, or a slot of a sharded table is not
             shaped like the shard).
         ValueError: when two of the model's variables claim the same slot (equal names).
-        NotImplementedError: naming the tables, for dynamic tables (their key maps are not
-            part of a sharded checkpoint; ``model.save`` exports them).
     """
     blocks = embedding_blocks(model)
-    _refuse_dynamic_tables(blocks)
-    dense = dense_weights(model, blocks)
+    dense = dense_weights(model, blocks) + default_rows(blocks)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return ModelState(blocks, dense, None, [])
@@ -113,15 +113,14 @@ def model_state(model) -> ModelState:
     return state
 
 
-def _refuse_dynamic_tables(blocks) -> None:
-    """A dynamic table's rows mean nothing without its keys, which a sharded checkpoint does
-    not hold: refused (the same on every rank: the tables are in the block's config)."""
-    dynamic = [t.name for b in blocks for t in getattr(b, "tables", ()) if t.dynamic is not None]
-    if dynamic:
-        raise NotImplementedError(
-            f"Sharded checkpoints and elastic training do not hold dynamic tables' keys yet; "
-            f"model.save exports them with their rows. Received: dynamic tables {dynamic}"
-        )
+def default_rows(blocks) -> list:
+    """The dynamic tables' default rows: one trainable row per table, the same on every
+    rank (trained like the dense weights, so saved like them, by rank 0)."""
+    out = []
+    for block in blocks:
+        defaults = getattr(block.backend, "defaults", {})
+        out += [defaults[t.name] for t in block.plan.tables if t.name in defaults]
+    return out
 
 
 def _claimed_slots(state, variables) -> set:

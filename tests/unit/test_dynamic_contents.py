@@ -87,12 +87,27 @@ def test_a_capacity_below_one_row_per_rank_is_refused():
         plan(tables, 4)
 
 
-def test_a_sharded_checkpoint_refuses_dynamic_tables_naming_them():
-    from merlin_models_de.persistence.state import model_state
+def test_a_map_read_as_arrays_loads_into_another_block():
+    """local_map / load_map: what a sharded checkpoint saves of a rank's map and restores."""
+    from merlin_models_de.dynamic.contents import load_map, local_map
 
-    model = tf.keras.Sequential([block()])
-    with pytest.raises(NotImplementedError, match=r"Received: dynamic tables \['item'\]"):
-        model_state(model)
+    emb, other = block(admit_after=2), block(admit_after=2)
+    other.dynamic_counters()  # built
+    for start in (0, 2, 4):  # keys 0, 2, 4 admitted; 1, 3, 5 wait as candidates
+        keys = tf.constant([[start], [start], [start + 1]], tf.int64)
+        emb({"user": tf.zeros([3, 1], tf.int64), "item": keys}, training=True)
+    arrays = local_map(emb.backend.keymaps["item"])
+    assert arrays["keymap"].shape == (5, 3) and arrays["candidates"].shape == (5, 3)
+    assert arrays["counters"].tolist() == [4, 3, 0]  # step, admitted, evicted
+    other.backend.rw["item"].assign(emb.backend.rw["item"])
+    load_map(
+        other.backend.keymaps["item"], arrays["keymap"], arrays["candidates"], arrays["counters"]
+    )
+    for what, value in local_map(other.backend.keymaps["item"]).items():
+        np.testing.assert_array_equal(value, arrays[what], err_msg=what)
+    for got, want in zip(other.dynamic_table("item"), emb.dynamic_table("item")):
+        np.testing.assert_array_equal(got, want)
+    assert other.dynamic_counters() == emb.dynamic_counters()
 
 
 def test_the_plan_counts_each_ranks_key_map():
