@@ -6,7 +6,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de.apps.common.dynamic import dynamic_tables
-from merlin_models_de.apps.common.options import LOCAL_TABLES, placement_options
+from merlin_models_de.apps.common.options import LOCAL_TABLES, exchange_of, placement_of
 from merlin_models_de.compat import merlin as merlin_compat
 
 
@@ -65,11 +65,8 @@ def model_for(args, schema):
         emb = mm.DistributedEmbeddings(
             schema,
             dim=args.dim,
-            **placement_options(args),
-            exchange_dtype=args.exchange_dtype,
-            table_dtype=args.table_dtype,
-            exchange_ahead=args.exchange_ahead,
-            merge_backward=args.merge_backward,
+            placement=placement_of(args),
+            exchange=exchange_of(args),
             dynamic_tables=dynamic_tables(args, schema),
         )
     label = schema.select_by_tag(Tags.BINARY_CLASSIFICATION).column_names
