@@ -53,3 +53,24 @@ def test_a_run_over_budget_is_stopped_with_every_rank_and_one_within_it_reports(
     assert capacity.predicted_peaks(single, 0.001, args) == [
         replicated_peak_bytes(criteo, "adagrad")
     ]
+
+
+@pytest.mark.full  # a real 2-rank run of the DLRM command (~30 s)
+def test_a_dynamic_configuration_trains_its_dynamic_tables_and_is_predicted(tmp_path):
+    """``sharded:dynamic`` runs the DLRM command with --dynamic C1 --dynamic C10: the report
+    says both tables took keys (none evicted: capacity is the scaled cardinality), and each
+    rank's measured peak is within 10% of the prediction with its key maps."""
+    args = capacity._parser().parse_args(
+        ["--out", str(tmp_path), "--steps", "4", "--batch-size", "64", "--budget", "8GiB"]
+    )
+    args.budget_bytes = 8 * 2**30
+    (dynamic,) = capacity.configurations("sharded:dynamic", 2)
+    done = capacity.run_once(dynamic, 0.01, args, str(tmp_path / "dynamic.json"))
+    assert done["ok"], done["why"]
+    report = json.load(open(tmp_path / "dynamic.json", encoding="utf-8"))
+    held = report["epochs"][-1]["dynamic_tables"]
+    assert sorted(held) == ["C1", "C10"]
+    assert all(t["keys"] > 0 and t["evicted"] == 0 for t in held.values()), held
+    predicted = capacity.predicted_peaks(dynamic, 0.01, args)
+    for p, m in zip(predicted, done["rank_peaks"]):
+        assert abs(p - m) <= 0.1 * m, (predicted, done["rank_peaks"])

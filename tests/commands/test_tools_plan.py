@@ -356,3 +356,29 @@ def test_16_bit_tables_take_2_bytes_a_parameter_and_float32_state(synthetic_sche
     )
     bad = run("criteo", "--table-dtype", "int8")
     assert bad.returncode == 2 and "--table-dtype" in bad.stderr
+
+
+def test_dynamic_tables_show_each_ranks_key_maps(capsys, synthetic_schema):
+    """--dynamic FEATURE[=CAPACITY] (the DLRM command's option): the table's rows are its
+    capacity (default: the cardinality), sliced over the ranks; one line per rank shows its
+    key maps at 56 bytes a row, and its bytes with slots and predicted peak include them."""
+    from merlin_models_de.apps.tools.plan import key_map_lines, main
+    from merlin_models_de.tables import tables_from_schema
+
+    fixed = plan(tables_from_schema(synthetic_schema("criteo"), dim=16), 2)
+    assert key_map_lines(fixed) == []  # no dynamic table, no line
+    base = ["criteo", "--world-size", "2", "--strategy", "memory_optimized"]
+    assert main([*base, "--dynamic", "C1", "--dynamic", "C10=1000000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.startswith("key maps of dynamic tables"))
+    assert "56 B a row of its share" in lines[head]
+    # C1: 10M rows, C10: 1M rows, half of each on each rank: 5.5M rows * 56 B = 293.7 MiB
+    assert lines[head + 1 : head + 3] == [
+        "rank 0: 293.7 MiB (C1 5,000,000 rows, C10 500,000 rows)",
+        "rank 1: 293.7 MiB (C1 5,000,000 rows, C10 500,000 rows)",
+    ]
+    assert lines[head + 3].startswith("predicted peak resident memory per rank")
+    assert main([*base, "--dynamic", "C99"]) == 2
+    assert "--dynamic names a column that is not in the schema" in capsys.readouterr().err
+    assert main([*base, "--dynamic", "C1=x"]) == 2
+    assert "--dynamic takes FEATURE or FEATURE=CAPACITY" in capsys.readouterr().err

@@ -230,3 +230,46 @@ def test_predict_again_rewrites_the_predictions_and_keeps_the_measurements(tmp_p
     assert row["largest_scale"] == 0.001 and row["first_failed_scale"] == 0.002
     assert (tmp_path / "capacity.png").read_bytes()[:8] == PNG
     assert "| sharded | 2 | 0.001 (0.002) |" in (tmp_path / "capacity.md").read_text()
+
+
+def test_a_dynamic_configuration_plans_a_key_map_beside_each_ranks_share():
+    """``sharded:dynamic``: the --dynamic tables (C1, C10 by default) at their scaled
+    cardinality, sliced by rows over the ranks; each rank's predicted peak is the memory
+    model's plus 56 bytes a row of its shares, and the DLRM command is told --dynamic."""
+    from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
+    from merlin_models_de.tables import DynamicTable
+
+    fixed, dynamic = capacity.configurations("sharded,sharded:sgd:dynamic", 2)
+    assert (fixed["dynamic"], dynamic["dynamic"], dynamic["optimizer"]) == (False, True, "sgd")
+    for name in ("single:dynamic", "data-parallel:dynamic"):
+        with pytest.raises(ValueError, match=rf"'{name}': only a sharded configuration"):
+            capacity.configurations(name, 2)
+    args = capacity._parser().parse_args([])
+    assert args.dynamic == "C1,C10"
+    scale = 0.01  # C1 and C10: 100,000 rows each
+    schema = capped_schema(synthetic_schema("criteo"), None, scale)
+    options = {name: DynamicTable(capacity=100_000) for name in ("C1", "C10")}
+    placement = plan(
+        tables_from_schema(schema, dim=args.dim, dynamic=options), 2, strategy=args.strategy
+    )
+    for rank in range(2):  # each rank owns half of each table's keys
+        shares = {s.table: s.rows for s in placement.shards_on(rank) if s.table in options}
+        assert shares == {"C1": 50_000, "C10": 50_000}
+    expected = [p + KEY_MAP_BYTES_PER_ROW * 100_000 for p in plan_peak_bytes(placement, "sgd")]
+    assert capacity.predicted_peaks(dynamic, scale, args) == expected
+    report = "/tmp/report.json"
+    cmd = capacity.command(dynamic, scale, args, report)
+    assert cmd[cmd.index("--dynamic") :][:4] == ["--dynamic", "C1", "--dynamic", "C10"]
+    assert "--dynamic" not in capacity.command(fixed, scale, args, report)
+    args.dynamic = "C1,C99"
+    with pytest.raises(ValueError, match=r"--dynamic names 'C99', which is not a table"):
+        capacity.predicted_peaks(dynamic, scale, args)
+
+
+def test_a_dynamic_feature_not_in_the_schema_exits_2_before_any_run(tmp_path, capsys):
+    argv = ["--configs", "sharded:dynamic", "--dynamic", "C99", "--out", str(tmp_path)]
+    assert capacity.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --dynamic names 'C99', which is not a table of the schema")
+    assert err.endswith("Received: --dynamic='C99'")
+    assert not list(tmp_path.iterdir())  # nothing ran

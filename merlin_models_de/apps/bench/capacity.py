@@ -11,7 +11,11 @@ Configurations (the DLRM command, Adagrad, dim 16, batch 512 a rank):
 
 A configuration may name its own optimizer and the block's table dtype after colons, e.g.
 ``sharded:rowwise_adagrad:bfloat16`` (row-wise Adagrad, tables stored in 16 bits); the others
-train with ``--optimizer`` and float32 tables.
+train with ``--optimizer`` and float32 tables. A sharded configuration may also say
+``dynamic`` (``sharded:dynamic``): the ``--dynamic`` tables (default ``C1,C10``, two of
+Criteo's four largest) are then dynamic tables (docs/dynamic.md) whose capacity is their
+scaled cardinality, so a key map of every rank's share is planned beside its rows
+(:data:`~merlin_models_de.planner.types.KEY_MAP_BYTES_PER_ROW`) and measured.
 
 All ranks of a run share this host, so the budget bounds the sum of their resident memory (a
 watchdog polls it and stops a run that crosses it: "over budget"); on a cluster each rank has
@@ -45,11 +49,43 @@ from merlin_models_de.persistence.io import read_json
 from merlin_models_de.tables import TABLE_DTYPES
 
 MODULE = "merlin_models_de.apps.dlrm"  # the DLRM command, run as a process
+DYNAMIC = "dynamic"  # the configuration's extra that makes the --dynamic tables dynamic
+DEFAULT_DYNAMIC = "C1,C10"  # two of Criteo's four 10M-row tables (docs/dynamic.md's runs)
+
+
+def dynamic_features(config: dict, args) -> list[str]:
+    """The features whose tables are dynamic in ``config``: ``--dynamic``'s, or none."""
+    if not config.get("dynamic"):
+        return []
+    return [f for f in getattr(args, "dynamic", DEFAULT_DYNAMIC).split(",") if f]
+
+
+def dynamic_options(config: dict, schema, args) -> dict:
+    """``{feature: DynamicTable}`` of ``config`` on ``schema`` (the scaled one): each at its
+    column's cardinality, as the DLRM command's ``--dynamic FEATURE`` without a capacity.
+
+    Raises:
+        ValueError: naming a ``--dynamic`` feature that is not a table of the schema.
+    """
+    from merlin_models_de.tables import DynamicTable
+
+    out = {}
+    for name in dynamic_features(config, args):
+        column = schema[name] if name in schema.column_names else None
+        if column is None or column.int_domain is None or column.int_domain.max is None:
+            raise ValueError(
+                f"--dynamic names {name!r}, which is not a table of the schema (tables: "
+                f"{sorted(c.name for c in schema if c.int_domain is not None)}). "
+                f"Received: --dynamic={args.dynamic!r}"
+            )
+        out[name] = DynamicTable(capacity=int(column.int_domain.max) + 1)
+    return out
 
 
 def configurations(names: str, np_: int, optimizer: str = "adagrad") -> list[dict]:
-    """``[{name, ranks, embeddings, optimizer, table_dtype}]`` for the comma list ``names``
-    (each ``placement[:optimizer][:table dtype]``; ``optimizer`` where none is named)."""
+    """``[{name, ranks, embeddings, optimizer, table_dtype, dynamic}]`` for the comma list
+    ``names`` (each ``placement[:optimizer][:table dtype][:dynamic]``; ``optimizer`` where
+    none is named; ``dynamic``: the search's ``--dynamic`` tables are dynamic)."""
     known = {
         "single": (1, "merlin"),
         "data-parallel": (np_, "merlin"),
@@ -58,7 +94,7 @@ def configurations(names: str, np_: int, optimizer: str = "adagrad") -> list[dic
     out = []
     for name in filter(None, names.split(",")):
         placement, *extras = name.split(":")
-        config = {"name": name, "optimizer": optimizer, "table_dtype": None}
+        config = {"name": name, "optimizer": optimizer, "table_dtype": None, "dynamic": False}
         if placement.startswith("sharded-") and placement[len("sharded-") :].isdigit():
             config.update(ranks=int(placement[len("sharded-") :]), embeddings="distributed")
         elif placement in known:
@@ -73,12 +109,19 @@ def configurations(names: str, np_: int, optimizer: str = "adagrad") -> list[dic
                 config["optimizer"] = extra
             elif extra in TABLE_DTYPES:
                 config["table_dtype"] = extra
+            elif extra == DYNAMIC:
+                config["dynamic"] = True
             else:
                 raise ValueError(
                     f"Configuration {name!r}: {extra!r} is neither an optimizer "
-                    f"({', '.join(OPTIMIZERS)}) nor a table dtype ({', '.join(TABLE_DTYPES)}). "
-                    f"Received: --configs={names!r}"
+                    f"({', '.join(OPTIMIZERS)}), a table dtype ({', '.join(TABLE_DTYPES)}) "
+                    f"nor {DYNAMIC!r}. Received: --configs={names!r}"
                 )
+        if config["dynamic"] and config["embeddings"] != "distributed":
+            raise ValueError(
+                f"Configuration {name!r}: only a sharded configuration has dynamic tables "
+                f"(mm.Embeddings has none). Received: --configs={names!r}"
+            )
         out.append(config)
     return out
 
@@ -91,15 +134,29 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     from merlin_models_de.planner.memory import plan_peak_bytes, replicated_peak_bytes
     from merlin_models_de.tables import narrow_table_bytes, tables_from_schema
 
+    schema = capped_schema(synthetic_schema("criteo"), None, scale)
     tables = tables_from_schema(
-        capped_schema(synthetic_schema("criteo"), None, scale), dim=args.dim
+        schema, dim=args.dim, dynamic=dynamic_options(config, schema, args) or None
     )
     optimizer = config.get("optimizer", args.optimizer)
     if config["embeddings"] == "merlin":
         return [replicated_peak_bytes(tables, optimizer, config["ranks"])] * config["ranks"]
     table_bytes = narrow_table_bytes(config.get("table_dtype"))
     placement = plan(tables, config["ranks"], strategy=args.strategy)
-    return plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
+    peaks = plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
+    # the memory model's peaks hold rows and slots; a dynamic table's key map is beside them
+    return [p + key_map_bytes(placement, rank) for rank, p in enumerate(peaks)]
+
+
+def key_map_bytes(placement, rank: int) -> int:
+    """Bytes of ``rank``'s key maps: :data:`~merlin_models_de.planner.types.KEY_MAP_BYTES_PER_ROW`
+    a row of its shares of dynamic tables (every row holding a key)."""
+    from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
+
+    dynamic = {t.name for t in placement.tables if t.dynamic is not None}
+    return KEY_MAP_BYTES_PER_ROW * sum(
+        s.rows for s in placement.shards_on(rank) if s.table in dynamic
+    )
 
 
 def _tree(pid: int) -> list:
@@ -126,10 +183,8 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def run_once(config: dict, scale: float, args, report: str) -> dict:
-    """One 20-step run; ``{"ok", "why", "seconds", "host_peak", "rank_peaks"}``."""
-    import psutil
-
+def command(config: dict, scale: float, args, report: str) -> list[str]:
+    """The DLRM command line of one run of ``config`` at ``scale`` (its report to ``report``)."""
     steps_rows = args.steps * args.batch_size * config["ranks"]
     cmd = [
         sys.executable,
@@ -159,8 +214,16 @@ def run_once(config: dict, scale: float, args, report: str) -> dict:
         cmd += ["--strategy", args.strategy]
     if config.get("table_dtype"):
         cmd += ["--table-dtype", config["table_dtype"]]
-    if config["ranks"] > 1:
-        cmd = horovodrun(config["ranks"], cmd)
+    for feature in dynamic_features(config, args):  # at its scaled cardinality
+        cmd += ["--dynamic", feature]
+    return horovodrun(config["ranks"], cmd) if config["ranks"] > 1 else cmd
+
+
+def run_once(config: dict, scale: float, args, report: str) -> dict:
+    """One 20-step run; ``{"ok", "why", "seconds", "host_peak", "rank_peaks"}``."""
+    import psutil
+
+    cmd = command(config, scale, args, report)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
     if os.path.exists(report):
         os.remove(report)
@@ -251,6 +314,7 @@ def summary_rows(config: dict, tried: list[dict]) -> dict:
         "embeddings": config["embeddings"],
         "optimizer": config.get("optimizer"),
         "table_dtype": config.get("table_dtype"),
+        "dynamic": config.get("dynamic", False),
         "largest_scale": best and best["scale"],
         "first_failed_scale": failed_above,
         "runs": tried,
@@ -307,7 +371,7 @@ def _predicted_again(args) -> list[dict]:
     rows = []
     for row in saved["rows"]:
         config = {k: row[k] for k in ("ranks", "embeddings")} | {"name": row["config"]}
-        config |= {k: row[k] for k in ("optimizer", "table_dtype") if k in row}
+        config |= {k: row[k] for k in ("optimizer", "table_dtype", "dynamic") if k in row}
         for run in row["runs"]:
             run["predicted"] = predicted_peaks(config, run["scale"], args)
         rows.append(summary_rows(config, row["runs"]))
@@ -332,6 +396,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--optimizer", default="adagrad", choices=OPTIMIZERS)
     ap.add_argument("--strategy", default="memory_optimized")
+    ap.add_argument(
+        "--dynamic",
+        default=DEFAULT_DYNAMIC,
+        metavar="FEATURE,...",
+        help="the tables a configuration with ':dynamic' (e.g. sharded:dynamic) makes "
+        "dynamic, each at its scaled cardinality (default %(default)s)",
+    )
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per run")
     ap.add_argument("--out", default=DEFAULT_OUT, help=OUT_HELP)
     ap.add_argument(
@@ -349,6 +420,8 @@ def main(argv=None) -> int:
     try:
         args.budget_bytes = parse_bytes(args.budget, "--budget")
         configs = configurations(args.configs, args.np, args.optimizer)
+        for config in configs:  # a --dynamic name not in the schema fails before any run
+            predicted_peaks(config, args.start_scale, args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -14,6 +14,13 @@ The schema argument is a Merlin schema file (``schema.pbtxt`` / ``schema.json``)
 directory holding one, or the name of a Merlin synthetic dataset (``criteo``, ``aliccp-raw``,
 ``music-streaming``, ...); Merlin's schema reader loads TensorFlow, nothing here loads
 Horovod. Bad options exit with status 2 and one line.
+
+``--dynamic FEATURE[=CAPACITY]`` (repeatable, as the DLRM command takes it) plans that
+feature's table as a dynamic table (docs/dynamic.md): its rows are the capacity (default:
+the column's cardinality), sliced by rows over the ranks, and each rank's share has a key
+map beside it, which one more line shows per rank (56 bytes a row,
+:data:`~merlin_models_de.planner.types.KEY_MAP_BYTES_PER_ROW`; counted in "with slots" and
+in the predicted peaks).
 """
 
 from __future__ import annotations
@@ -23,6 +30,11 @@ import math
 import sys
 
 from merlin_models_de.apps.common.console import quiet_imports
+from merlin_models_de.apps.common.dynamic import (
+    add_dynamic_options,
+    dynamic_problem,
+    dynamic_tables,
+)
 from merlin_models_de.apps.common.hotness import parse_hotness, resolve_hotness
 from merlin_models_de.apps.common.options import parse_bytes
 from merlin_models_de.apps.common.program import program_name
@@ -44,6 +56,7 @@ from merlin_models_de.planner import (
 from merlin_models_de.planner.cost import LINKS
 from merlin_models_de.planner.hotness import DEFAULT_MULTI_HOT
 from merlin_models_de.planner.memory import plan_peak_bytes
+from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
 from merlin_models_de.planner.work import DEFAULT_BATCH_SIZE, rank_times
 from merlin_models_de.tables import (
     TABLE_DTYPES,
@@ -162,15 +175,45 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="e.g. 80GB: also report the smallest world size whose busiest rank fits",
     )
+    add_dynamic_options(ap.add_argument_group("dynamic tables (docs/dynamic.md)"))
     return ap
 
 
 def peak_line(placement, optimizer: str, dtype_bytes: int, table_bytes=None) -> str:
-    """The memory model's predicted peak resident bytes of each rank (planner.memory)."""
+    """The memory model's predicted peak resident bytes of each rank (planner.memory), with
+    the key maps of its dynamic tables' shares."""
     peaks = plan_peak_bytes(placement, optimizer, dtype_bytes, table_bytes=table_bytes)
     return "predicted peak resident memory per rank (runtime + tables with slots): " + ", ".join(
-        f"r{r} {human_bytes(b)}" for r, b in enumerate(peaks)
+        f"r{r} {human_bytes(b + key_map_bytes(placement, r))}" for r, b in enumerate(peaks)
     )
+
+
+def key_map_shares(placement, rank: int) -> list:
+    """``[(table, rows)]`` of ``rank``'s shares of dynamic tables: each has a key map."""
+    dynamic = {t.name for t in placement.tables if t.dynamic is not None}
+    return [(s.table, s.rows) for s in placement.shards_on(rank) if s.table in dynamic]
+
+
+def key_map_bytes(placement, rank: int) -> int:
+    """Bytes of ``rank``'s key maps (:data:`KEY_MAP_BYTES_PER_ROW` a row of its shares)."""
+    return KEY_MAP_BYTES_PER_ROW * sum(rows for _, rows in key_map_shares(placement, rank))
+
+
+def key_map_lines(placement) -> list[str]:
+    """Per rank, its dynamic tables' key maps and their bytes ([] without dynamic tables)."""
+    if not any(t.dynamic is not None for t in placement.tables):
+        return []
+    lines = [
+        f"key maps of dynamic tables per rank ({KEY_MAP_BYTES_PER_ROW} B a row of its share: "
+        "keys, counts, last steps and the hash index; counted in 'with slots'):"
+    ]
+    for rank in range(placement.world_size):
+        shares = ", ".join(f"{t} {rows:,} rows" for t, rows in key_map_shares(placement, rank))
+        lines.append(
+            f"rank {rank}: {human_bytes(key_map_bytes(placement, rank))}"
+            + (f" ({shares})" if shares else "")
+        )
+    return lines
 
 
 def step_lines(placement, args, hotness) -> list[str]:
@@ -242,7 +285,8 @@ def _tables(args):
         from merlin_models_de.apps.common.synthetic import capped_schema
 
         schema = capped_schema(schema, None, args.table_scale)
-    tables = tables_from_schema(schema, dim=args.dim or None)
+    dynamic = dynamic_tables(args, schema)  # capacities of the scaled schema, as the DLRM's
+    tables = tables_from_schema(schema, dim=args.dim or None, dynamic=dynamic or None)
     features = [f for t in tables for f in t.features]
     hotness, line = resolve_hotness(args.hotness, schema, features, default=DEFAULT_MULTI_HOT)
     return tables, hotness, line
@@ -271,6 +315,9 @@ def main(argv=None) -> int:
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1. Received: --batch-size={args.batch_size}")
         parse_hotness(args.hotness)  # a bad value fails before the schema loads
+        problem = dynamic_problem(args)
+        if problem:
+            raise ValueError(problem)
         if not (math.isfinite(args.table_scale) and args.table_scale > 0):
             raise ValueError(
                 "--table-scale must be a finite number > 0. "
@@ -286,6 +333,8 @@ def main(argv=None) -> int:
     print(assumptions_line(args))
     narrow = table_bytes(args)
     print(p.summary(optimizer=args.optimizer, dtype_bytes=args.dtype_bytes, table_bytes=narrow))
+    for line in key_map_lines(p):
+        print(line)
     print(peak_line(p, args.optimizer, args.dtype_bytes, narrow))
     if hotness_line:
         print(hotness_line)
