@@ -4,8 +4,9 @@ Horovod's ``KerasState`` keeps a copy of the weights in memory and broadcasts ra
 reset: wrong for tables split across ranks, and a new world size needs shards of other
 shapes. Here a commit is a sharded checkpoint (each rank writes its own shards), and a reset
 rebuilds the model for the new world size (``build()`` re-plans the placement) and restores
-the last commit into it: tables, optimizer slots and dense weights. Training goes on at the
-step after that commit.
+the last commit into it: tables, optimizer slots and dense weights, and dynamic tables' key
+maps, each key re-homed to its owner in the new world (``persistence/keymaps.py``). Training
+goes on at the step after that commit.
 
 Example (under ``horovodrun --gloo --min-np 1 --max-np 4 --host-discovery-script ...``):
     >>> state = ShardedState(build, "/shared/ckpt", commit_every=50)      # doctest: +SKIP

@@ -53,6 +53,31 @@ def test_the_prediction_counts_slots_the_restore_buffer_and_a_table_drawn_whole(
     assert reset_peak_bytes(_manifest(), 2, overhead=0) == [4 * BIG, 2 * (SMALL + TINY) + 2 * SMALL]
 
 
+def test_a_dynamic_tables_key_map_and_candidates_are_counted():
+    """A dynamic table's share holds its key map and candidates as the planner counts them
+    (KEY_MAP_BYTES_PER_ROW a slot), beside its rows."""
+    import numpy as np
+
+    from merlin_models_de import DynamicTable
+    from merlin_models_de.persistence.manifest import SavedMap
+    from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
+
+    option = DynamicTable(capacity=1_000, admit_after=2, candidates=300)
+    table = TableSpec("item", 1_000, 16, (FeatureSpec("item", "item"),), option)
+    saved = plan((table,), 2)
+    part = (Part("table", "item/table", np.dtype("float32")),)
+    stems = {"keymap": "k", "candidates": "c", "counters": "n"}
+    manifest = _Manifest(
+        (SavedBlock("embeddings", saved, {"item": part}, {"item": SavedMap(stems, option)}),)
+    )
+    rows = 1_000 * 16 * 4
+    # one rank: its rows, twice more while read and converted, 1000 slots and 300 candidates
+    assert reset_peak_bytes(manifest, 1, overhead=0) == [3 * rows + 1_300 * KEY_MAP_BYTES_PER_ROW]
+    # two ranks of 500 rows: each its half, 500 slots and 300 candidates
+    half = rows // 2
+    assert reset_peak_bytes(manifest, 2, overhead=0) == [3 * half + 800 * KEY_MAP_BYTES_PER_ROW] * 2
+
+
 def test_restored_parts_are_resident_the_allocators_overhead_above_their_bytes():
     """As the plan's memory model (planner/memory.py): TF's allocator keeps about 5% above a
     large allocation's bytes; the restore's buffers are not counted twice."""
