@@ -25,6 +25,11 @@ embedding bytes and peak resident memory; a JSON report goes to ``--report``.
 with a checkpoint there resumes from it (as the DLRM command does, mid-epoch included).
 ``--elastic`` (with ``--checkpoint-dir`` and ``--checkpoint-every``) trains under Horovod
 elastic as the DLRM command does: a lost host costs the steps since the last commit.
+``--categories N`` adds each item's category as a second sequence feature (synthetic sessions).
+``--dynamic FEATURE[=CAPACITY]`` with ``--admit-after``, ``--evict``, ``--ttl`` (as the DLRM
+command takes them: docs/dynamic.md) makes that feature's table dynamic, and each epoch's line
+and the report count its keys; the item column cannot be dynamic (the output is tied to its
+table and looks rows up by row id), which the command refuses naming it.
 
 Examples:
     horovodrun -np 2 -H localhost:2 python -m merlin_models_de.apps.next_item --epochs 2
@@ -46,6 +51,7 @@ import math
 import sys
 import time
 
+from merlin_models_de.apps.common.dynamic import add_dynamic_options, dynamic_problem
 from merlin_models_de.apps.common.optimizers import OPTIMIZERS, add_learning_rate
 from merlin_models_de.apps.common.options import (
     EMBEDDINGS,
@@ -62,7 +68,7 @@ from merlin_models_de.apps.common.options import (
 )
 from merlin_models_de.apps.common.program import program_name
 from merlin_models_de.apps.common.row_hashing import add_hashing_option, row_hashing_problem
-from merlin_models_de.apps.next_item.data import ITEM, row_slice_threshold
+from merlin_models_de.apps.next_item.data import CATEGORY, ITEM, row_slice_threshold
 from merlin_models_de.backends.registry import BACKEND_NAMES, is_installed
 from merlin_models_de.planner import OPTIMIZER_SLOTS, STRATEGIES, validate_options
 
@@ -70,7 +76,7 @@ STARTED = time.perf_counter()
 ENCODERS = ("gru", "transformer")
 LOSSES = ("softmax", "sampled")
 # synthetic-data options: None in the parser, so that giving one with --train-dir is an error
-DEFAULTS = {"items": 1_000_000, "max_length": 20, "sessions": 4096}
+DEFAULTS = {"items": 1_000_000, "max_length": 20, "sessions": 4096, "categories": 0}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,6 +111,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="held-out sessions evaluated after each epoch (default: sessions / "
         "10, at least one global batch; 0: none)",
+    )
+    data.add_argument(
+        "--categories",
+        type=int,
+        default=None,
+        help="also a category sequence beside the items (each item's category, a fixed "
+        "function of its id; a table of this many rows); default 0: none",
     )
     data.add_argument("--seed", type=int, default=0, help="seed of the data and initial weights")
     data.add_argument(
@@ -156,6 +169,7 @@ def parser() -> argparse.ArgumentParser:
     place.add_argument("--data-parallel-threshold", type=int, default=None)
     place.add_argument("--backend", default="auto", choices=BACKEND_NAMES)
     place.add_argument("--no-validate-ids", dest="validate_ids", action="store_false")
+    add_dynamic_options(place)
     out = ap.add_argument_group("output")
     add_run_options(out, checkpoint_help="save each epoch; resume from its newest checkpoint")
     return ap
@@ -166,7 +180,7 @@ def data_problem(args, size: int) -> str | None:
     if args.valid_dir and not args.train_dir:
         return f"--valid-dir needs --train-dir. Received: --valid-dir={args.valid_dir!r}"
     if args.train_dir:
-        for name in ("items", "max_length", "sessions", "valid_sessions"):
+        for name in ("items", "max_length", "sessions", "valid_sessions", "categories"):
             if getattr(args, name) is not None:
                 flag = "--" + name.replace("_", "-")
                 return (
@@ -185,6 +199,11 @@ def data_problem(args, size: int) -> str | None:
             setattr(args, name, value)
     if args.items < 3:
         return f"--items must be >= 3 (id 0 is padding). Received: --items={args.items}"
+    if args.categories < 0 or args.categories == 1:
+        return (
+            f"--categories must be 0 (none) or >= 2 (0 is padding). "
+            f"Received: --categories={args.categories}"
+        )
     if args.max_length < 2:
         return f"--max-length must be >= 2. Received: --max-length={args.max_length}"
     if args.sessions < 1:
@@ -227,6 +246,13 @@ def check_options(args) -> str | None:
     lr = args.learning_rate
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         return f"--learning-rate must be a finite number > 0. Received: --learning-rate={lr}"
+    if problem := dynamic_problem(args):
+        return problem
+    if args.dynamic and args.embeddings != "distributed":
+        return (
+            f"--dynamic needs --embeddings distributed (mm.Embeddings has fixed tables). "
+            f"Received: --dynamic {args.dynamic} --embeddings={args.embeddings}"
+        )
     if problem := elastic_problem(args):
         return problem
     if args.encoder == "transformer" and (args.hidden or args.dim) % args.heads:
@@ -290,6 +316,28 @@ def resolve_dataset(args) -> str | None:
     return None
 
 
+def dynamic_feature_problem(args) -> str | None:
+    """The problem with the features ``--dynamic`` names, or None. The item column cannot be
+    dynamic: the output is tied to its table and looks rows up by row id, which a dynamic
+    table's keys do not have; the other features are the model's (``--categories``)."""
+    features = [CATEGORY] if args.categories else []
+    for value in args.dynamic:
+        name = value.partition("=")[0]
+        if name == args.item_column:
+            return (
+                f"--dynamic cannot take the item column {name!r}: the output ({args.loss}) "
+                "is tied to its table and looks rows up by row id, which a dynamic table's "
+                "keys do not have (docs/dynamic.md, Limits). Give --dynamic another feature "
+                f"(--categories N --dynamic {CATEGORY}). Received: --dynamic {value}"
+            )
+        if name not in features:
+            return (
+                f"--dynamic names no feature of the model (its features besides the item "
+                f"column {args.item_column!r}: {features}). Received: --dynamic {value}"
+            )
+    return None
+
+
 def catalog_problem(args) -> str | None:
     """The problem when one rank's part of the item table (with its optimizer slots) does not
     fit in the memory this host has for each rank, or None."""
@@ -315,6 +363,7 @@ def main(argv=None) -> int:
         return 2  # every rank: horovodrun then stops the job with a non-zero status
     problem = (
         resolve_dataset(args)
+        or dynamic_feature_problem(args)
         or row_hashing_problem(args, [args.item_column])
         or parquet_files_problem("--train-dir", args.train_dir)
         or parquet_files_problem("--valid-dir", args.valid_dir)

@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 ITEM = "item_id"  # the synthetic sessions' item column
+CATEGORY = "category"  # with --categories: each position's item category, a second sequence
 BLOCK_SESSIONS = 4096
 EXPONENT = 1.1  # popularity: Zipf-like, about a quarter of all draws hit the 10 most popular
 
@@ -93,25 +94,38 @@ def make_sessions(
     }
 
 
-def session_schema(items: int, max_length: int, name: str = "item_id"):
-    """A Merlin schema of one ragged item-id sequence column tagged ITEM_ID and SEQUENCE."""
+def categories_of(ids: np.ndarray, categories: int) -> np.ndarray:
+    """Each item's category, 1..categories-1 (0 stays padding), a fixed function of its id.
+
+    Example:
+        >>> categories_of(np.array([0, 1, 2]), 50).tolist()
+        [0, 31, 12]
+    """
+    return np.where(ids == 0, 0, 1 + (ids * 7919) % (categories - 1))
+
+
+def session_schema(items: int, max_length: int, name: str = "item_id", categories: int = 0):
+    """A Merlin schema of one ragged item-id sequence column tagged ITEM_ID and SEQUENCE, and
+    with ``categories`` a ragged category sequence beside it (:data:`CATEGORY`)."""
     from merlin.schema import ColumnSchema, Schema, Tags
 
-    return Schema(
-        [
-            ColumnSchema(
-                name,
-                tags=[Tags.CATEGORICAL, Tags.ITEM, Tags.ID, Tags.SEQUENCE],
-                dtype=np.int64,
-                is_list=True,
-                is_ragged=True,
-                properties={
-                    "domain": {"min": 0, "max": items - 1, "name": name},
-                    "value_count": {"min": 2, "max": max_length},
-                },
-            )
-        ]
-    )
+    def sequence(column, tags, rows):
+        return ColumnSchema(
+            column,
+            tags=[Tags.CATEGORICAL, *tags, Tags.SEQUENCE],
+            dtype=np.int64,
+            is_list=True,
+            is_ragged=True,
+            properties={
+                "domain": {"min": 0, "max": rows - 1, "name": column},
+                "value_count": {"min": 2, "max": max_length},
+            },
+        )
+
+    columns = [sequence(name, [Tags.ITEM, Tags.ID], items)]
+    if categories:
+        columns.append(sequence(CATEGORY, [], categories))
+    return Schema(columns)
 
 
 def item_sequence_column(schema, flag: str, path: str) -> tuple[str, int]:

@@ -15,6 +15,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.apps.common.checkpoints import checkpoint_callback, restore_for
 from merlin_models_de.apps.common.cores import configure_threads
+from merlin_models_de.apps.common.dynamic import dynamic_tables
 from merlin_models_de.apps.common.epochs import RestOfEpoch, equal_steps_for
 from merlin_models_de.apps.common.optimizers import optimizer_for
 from merlin_models_de.apps.common.options import placement_options
@@ -25,7 +26,13 @@ from merlin_models_de.apps.common.reports import (
     write_report,
 )
 from merlin_models_de.apps.common.synthetic import rank_rows
-from merlin_models_de.apps.next_item.data import ITEM, make_sessions, session_schema
+from merlin_models_de.apps.next_item.data import (
+    CATEGORY,
+    ITEM,
+    categories_of,
+    make_sessions,
+    session_schema,
+)
 from merlin_models_de.tables import human_bytes
 
 METRICS = ("recall_at_10", "ndcg_at_10", "mrr_at_10")
@@ -56,16 +63,24 @@ class LastState(tf.keras.layers.Layer):
         return dict(super().get_config(), units=self.units)
 
 
-def sessions_dataset(sessions: dict, batch: int, item: str) -> tf.data.Dataset:
+def sessions_dataset(sessions: dict, batch: int, item: str, categories: int = 0) -> tf.data.Dataset:
     """Full batches of sessions as Merlin's Loader gives a list column: ``<item>__values``
-    and ``<item>__offsets``."""
+    and ``<item>__offsets`` (and with ``categories`` the items' categories, ``category__*``)."""
     seq = tf.RaggedTensor.from_row_lengths(sessions["values"], sessions["lengths"])
+    columns = {item: seq}
+    if categories:
+        columns[CATEGORY] = tf.RaggedTensor.from_row_lengths(
+            categories_of(sessions["values"], categories), sessions["lengths"]
+        )
 
-    def loader_form(s):
-        return {f"{item}__values": s.flat_values, f"{item}__offsets": s.row_splits}
+    def loader_form(cols):
+        out = {}
+        for name, s in cols.items():
+            out[f"{name}__values"], out[f"{name}__offsets"] = s.flat_values, s.row_splits
+        return out
 
     return (
-        tf.data.Dataset.from_tensor_slices(seq)
+        tf.data.Dataset.from_tensor_slices(columns)
         .batch(batch, drop_remainder=True)
         .map(loader_form)
         .prefetch(2)
@@ -81,11 +96,12 @@ def synthetic_data(args, size, rank):
     def local(total, seed):
         ranges = rank_rows(total, args.batch_size, size, rank)
         sessions = make_sessions(args.items, args.max_length, ranges, seed)
-        return sessions_dataset(sessions, args.batch_size, ITEM), len(ranges)
+        return sessions_dataset(sessions, args.batch_size, ITEM, args.categories), len(ranges)
 
     train, steps = local(args.sessions, args.seed)
     held_out, valid_steps = local(valid, args.seed + 1) if valid else (None, 0)
-    return session_schema(args.items, args.max_length, ITEM), train, steps, held_out, valid_steps
+    schema = session_schema(args.items, args.max_length, ITEM, args.categories)
+    return schema, train, steps, held_out, valid_steps
 
 
 def parquet_data(args, size, rank):
@@ -128,6 +144,7 @@ def model_for(args, schema):
             dim=args.dim,
             sequence_combiner=None,
             **placement_options(args),
+            dynamic_tables=dynamic_tables(args, schema),
         )
     hidden = args.hidden or args.dim
     if args.encoder == "gru":
@@ -205,9 +222,13 @@ def _line(e) -> str:
         for k in ("loss",) + METRICS
         if k in e[key]
     )
+    dynamic = "".join(
+        f" {table}: {c['keys']:,} keys ({c['admitted']:,} admitted, {c['evicted']:,} evicted)"
+        for table, c in e.get("dynamic_tables", {}).items()
+    )
     return (
         f"epoch {e['epoch']}: {sps}({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "
-        f"embeddings/peak RSS per rank: {mem}"
+        f"embeddings/peak RSS per rank: {mem}{dynamic}"
     )
 
 
@@ -291,6 +312,8 @@ def run(args, started: float) -> dict:
             "samples_per_second": sps,
         }
         ranks = comm.allgather_object(mine, name=f"mmde_next_item_epoch{epoch}")
+        # dynamic tables: keys holding a row, admitted and evicted so far (collective)
+        counters = emb.dynamic_counters() if hasattr(emb, "dynamic_counters") else {}
         speeds = [r["samples_per_second"] for r in ranks]
         entry = {
             "epoch": epoch + 1,
@@ -305,6 +328,8 @@ def run(args, started: float) -> dict:
             "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
             "huge_page_bytes": [r["huge_page_bytes"] for r in ranks],
         }
+        if counters:
+            entry["dynamic_tables"] = counters
         epochs.append(entry)
         if rank == 0:
             print(_line(entry), flush=True)
@@ -332,7 +357,9 @@ def _report(args, emb, epochs, steps, valid_steps, threads, phases) -> dict:
         "phases": phases,
         # warm: every epoch's steps after its first (which traces the step)
         "warm_samples_per_second": sum(speeds) / len(speeds) if speeds else None,
-        "total_embedding_bytes": args.items * args.dim * 4,
+        "total_embedding_bytes": sum(t.rows * t.dim * 4 for t in emb.tables)
+        if plan is not None
+        else embedding_bytes(emb),
         "item_column": args.item_column,
         "loss": args.loss,
         "item_table_kind": (
