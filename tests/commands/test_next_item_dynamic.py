@@ -67,6 +67,23 @@ def test_a_dynamic_category_table_counts_its_keys_each_epoch(tmp_path):
     assert report["item_table_kind"] == "TABLE_WISE"
 
 
+@pytest.mark.full  # 2 ranks: each owner holds its share of the keys
+def test_two_ranks_hold_the_same_keys_as_one_process(tmp_path):
+    """The sessions are the same set on any number of ranks, so the category keys that got a
+    row are the same (1,000 rows: no share of 500 fills)."""
+    path = str(tmp_path / "r.json")
+    argv = [*TINY, "--batch-size", "64", "--epochs", "1", "--categories", "500"]
+    run = _run([*argv, "--dynamic", "category=1000", "--report", path], ranks=2, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.load(open(path, encoding="utf-8"))
+    sessions = make_sessions(2000, 20, [(0, 1024)], seed=0)
+    inputs = np.delete(sessions["values"], np.cumsum(sessions["lengths"]) - 1)
+    seen = len(np.unique(categories_of(inputs, 500)))
+    (epoch,) = report["epochs"]
+    assert epoch["dynamic_tables"]["category"] == {"keys": seen, "admitted": seen, "evicted": 0}
+    assert report["world_size"] == 2
+
+
 @pytest.mark.full  # 2 ranks: every rank exits 2 before TensorFlow loads
 def test_two_ranks_refuse_a_dynamic_item_table_together():
     run = _run([*TINY, "--epochs", "1", "--dynamic", "item_id=500"], ranks=2, timeout=120)
