@@ -155,11 +155,13 @@ class SlotTable(AutoTrackable):
         self.index.remove(tf.boolean_mask(keys, held))
 
     def rebuild_index(self) -> None:
-        """The index from the slots (after the variables were restored); the used rows may
-        have holes now, so new keys go by scores."""
-        if self.filled is not None:
-            self.filled.assign(self.rows)
+        """The index from the slots (after the variables were restored). New keys take the
+        next empty rows while the used rows are a prefix; with holes, they go by scores."""
         used = self.counts > 0
+        if self.filled is not None:
+            n = tf.reduce_sum(tf.cast(used, tf.int64))
+            prefix = tf.reduce_all(tf.equal(used, tf.range(self.rows, dtype=tf.int64) < n))
+            self.filled.assign(tf.where(prefix, n, tf.constant(self.rows, tf.int64)))
         self.index.remove(self.index.export()[0])
         self.index.insert(tf.boolean_mask(self.keys, used), tf.cast(tf.where(used)[:, 0], tf.int64))
 

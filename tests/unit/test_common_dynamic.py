@@ -32,11 +32,11 @@ def test_a_capacity_left_out_is_the_columns_cardinality():
         (["--dynamic", "C1=many"], "FEATURE=CAPACITY. Received: --dynamic ['C1=many']"),
         (["--dynamic", "C1", "--evict", "ttl"], "--dynamic: DynamicTable takes ttl with"),
         (["--dynamic", "C1", "--admit-after", "0"], "Received: admit_after=0"),
-        (
-            ["--dynamic", "C1", "--checkpoint-dir", "/tmp/x"],
-            "cannot be combined with --checkpoint-dir",
-        ),
     ],
 )
 def test_bad_dynamic_options_are_named(argv, message):
     assert message in check_options(args(*argv))
+
+
+def test_dynamic_tables_go_with_sharded_checkpoints():
+    assert check_options(args("--dynamic", "C1", "--checkpoint-dir", "/tmp/x")) is None

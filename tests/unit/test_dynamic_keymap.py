@@ -83,3 +83,8 @@ def test_the_index_is_rebuilt_from_the_slots():
     keymap.table.index.remove(tf.constant([5, 6, 7], tf.int64))
     keymap.table.rebuild_index()
     assert keymap.lookup(tf.constant([7, 5, 6, 8], tf.int64)).numpy().tolist() == [2, 0, 1, -1]
+    # used rows 0..2 form a prefix: the next new key takes row 3 without scoring
+    assert int(keymap.table.filled.numpy()) == 3
+    keymap.table.counts.assign([1, 0, 1, 0])  # a hole: new keys go by scores
+    keymap.table.rebuild_index()
+    assert int(keymap.table.filled.numpy()) == 4

@@ -39,11 +39,6 @@ def dynamic_problem(args) -> str | None:
         return f"--dynamic takes FEATURE or FEATURE=CAPACITY. Received: --dynamic {args.dynamic}"
     if not tables:
         return None
-    if getattr(args, "checkpoint_dir", None):
-        return (
-            "--dynamic cannot be combined with --checkpoint-dir: sharded checkpoints do not hold "
-            f"dynamic tables' keys yet (--export saves them). Received: --dynamic {args.dynamic}"
-        )
     try:
         _option(args, 1)
     except ValueError as err:
