@@ -131,17 +131,6 @@ def exchange_of(args) -> ExchangeOptions:
     return ExchangeOptions(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
-def placement_options(args) -> dict:
-    """The ``DistributedEmbeddings`` arguments both commands' placement options give: the
-    placement as an object and ``--backend`` / ``--no-validate-ids`` as keywords (a command
-    passes its other exchange options as keywords beside them)."""
-    return dict(
-        placement=placement_of(args),
-        backend=args.backend,
-        validate_ids=args.validate_ids,
-    )
-
-
 def add_run_options(group, checkpoint_help: str) -> None:
     """The output options the DLRM and next-item commands share: checkpoints, the report,
     the rank's threads, ``--quiet`` and ``--elastic``."""

@@ -18,7 +18,7 @@ from merlin_models_de.apps.common.cores import configure_threads
 from merlin_models_de.apps.common.dynamic import dynamic_tables
 from merlin_models_de.apps.common.epochs import RestOfEpoch, equal_steps_for
 from merlin_models_de.apps.common.optimizers import optimizer_for
-from merlin_models_de.apps.common.options import placement_options
+from merlin_models_de.apps.common.options import exchange_of, placement_of
 from merlin_models_de.apps.common.reports import (
     embedding_bytes,
     huge_page_bytes,
@@ -143,7 +143,8 @@ def model_for(args, schema):
             schema,
             dim=args.dim,
             sequence_combiner=None,
-            **placement_options(args),
+            placement=placement_of(args),
+            exchange=exchange_of(args),
             dynamic_tables=dynamic_tables(args, schema),
         )
     hidden = args.hidden or args.dim
