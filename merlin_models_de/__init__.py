@@ -14,7 +14,8 @@ Everything a user calls is a name of this module (one import path each):
   lookups run);
 - checkpoints: ``save_checkpoint``, ``restore_checkpoint``, ``latest_checkpoint``,
   ``CheckpointCallback``, ``read_full_tables``;
-- one table in parallel: ``export_table``, ``read_table``, ``iter_table``;
+- one table in parallel: ``export_table``, ``read_table``, ``iter_table``, ``read_keys`` (a
+  dynamic table's keys with their rows);
 - custom loops: ``DistributedGradientTape``, ``broadcast_variables``;
 - optimizers: ``RowWiseAdagrad`` (one accumulator per table row);
 - input: ``loader_dataset`` (a rank's ``mm.Loader`` batches as a native ``tf.data`` pipeline);
@@ -54,6 +55,7 @@ _LAZY = {
     "StorageError": "merlin_models_de.persistence.io",
     "export_table": "merlin_models_de.persistence.table_export",
     "read_table": "merlin_models_de.persistence.table_export",
+    "read_keys": "merlin_models_de.persistence.table_export",
     "iter_table": "merlin_models_de.persistence.table_export",
     "DistributedGradientTape": "merlin_models_de.merlin.training",
     "broadcast_variables": "merlin_models_de.merlin.training",

@@ -8,8 +8,11 @@ streams it in row batches from memory maps, never holding more than one batch.
 Layout of ``directory``::
 
     manifest.json   {"format": "mmde-table/1", "table", "rows", "dim", "dtype",
-                     "parts": [{"file", "row_start", "rows", "col_start", "cols"}, ...]}
+                     "parts": [{"file", "row_start", "rows", "col_start", "cols"}, ...],
+                     "keys": [{"file", "count"}, ...]}  (a dynamic table only)
     part-00000.npy  one rectangle of the table each (file names never come from table names)
+    keys-00000.npy  a dynamic table's ``[count, 2]`` int64 (key, row) of the rows that hold
+                    a key, one file a rank (:func:`read_keys`); its other rows are empty
 
 An export is written whole beside the old one (``.tmp-<id>-<name>`` in the same parent),
 flushed to disk, and put in its place in one step; the old one is then deleted. No file is
@@ -54,12 +57,16 @@ from merlin_models_de.runtime import agree
 
 FORMAT = "mmde-table/1"
 MANIFEST = "manifest.json"
-_PART = re.compile(r"part-[0-9]{5,}\.npy")
+_PART = re.compile(r"(part|keys)-[0-9]{5,}\.npy")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 def _part_name(index: int) -> str:
     return f"part-{index:05d}.npy"
+
+
+def _keys_name(index: int) -> str:
+    return f"keys-{index:05d}.npy"
 
 
 def export_table(block, table: str, directory: str) -> str:
@@ -92,17 +99,30 @@ def export_table(block, table: str, directory: str) -> str:
             return beside(directory)
         return None
 
+    keymap = getattr(block.backend, "keymaps", {}).get(table)
+
     def write_parts(tmp):
-        written = []
+        written, keyed = [], None
         for index, shard in enumerate(shards):
             if shard.rank == block.rank:
                 var, first = block.backend.shard_variable(shard)
                 written.append(os.path.join(tmp, _part_name(index)))
                 write_array(written[-1], to_disk(var[first : first + shard.rows].numpy()))
+                if keymap is not None:  # one share a rank: its slots are its rows
+                    pairs = _keyed_rows(keymap, shard.row_start)
+                    written.append(os.path.join(tmp, _keys_name(block.rank)))
+                    write_array(written[-1], pairs)
+                    keyed = len(pairs)
         fsync_directories(tmp, written)
+        return keyed
 
-    def publish(tmp, aside):
+    def publish(tmp, aside, keyed):
         os.makedirs(tmp, exist_ok=True)  # a table with no rows has no parts
+        keys = [
+            {"file": _keys_name(rank), "count": count}
+            for rank, count in enumerate(keyed)
+            if count is not None
+        ]
         write_json(
             os.path.join(tmp, MANIFEST),
             {
@@ -121,6 +141,7 @@ def export_table(block, table: str, directory: str) -> str:
                     }
                     for i, s in enumerate(shards)
                 ],
+                **({"keys": keys} if keymap is not None else {}),
             },
         )
         fsync_directory(tmp)  # the parts' entries, whichever rank wrote them
@@ -131,13 +152,22 @@ def export_table(block, table: str, directory: str) -> str:
     )
     tmp, aside = names[0]
     try:
-        agree.on_every_rank(what, lambda: write_parts(tmp), error_type=OSError, wrap_own=True)
-        agree.on_rank_zero(what, lambda: publish(tmp, aside), error_type=OSError)
+        _, keyed = agree.on_every_rank(
+            what, lambda: write_parts(tmp), share=lambda n: n, error_type=OSError, wrap_own=True
+        )
+        agree.on_rank_zero(what, lambda: publish(tmp, aside, keyed), error_type=OSError)
     except Exception:
         if rank0:  # every rank is past its writes (the stages agree)
             remove_path(tmp)
         raise
     return directory
+
+
+def _keyed_rows(keymap, row_start: int) -> np.ndarray:
+    """``[n, 2]`` int64 (key, row of the table) of this rank's slots that hold a key."""
+    used = np.flatnonzero(keymap.table.counts.numpy() > 0)
+    keys = keymap.table.keys.numpy()[used]
+    return np.stack([keys, used.astype(np.int64) + row_start], axis=1).astype(np.int64)
 
 
 def _check_replaceable(directory: str) -> None:
@@ -293,6 +323,34 @@ def iter_table(directory: str, batch_rows: int = 65536):
         yield start, from_disk(batch, manifest["dtype"])
 
 
+def read_keys(directory: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, rows)`` of an exported dynamic table, sorted by key: each key that held a
+    row and that row's index in the table (:func:`read_table`, :func:`iter_table`).
+
+    Raises:
+        StorageError: naming the directory when its table is not a dynamic table.
+    """
+    fd = open_directory(directory, "table export")
+    try:
+        manifest = _read_manifest(directory, fd)
+        if "keys" not in manifest:
+            raise StorageError(
+                f"Table export {directory} (table {manifest['table']!r}) holds no keys: "
+                "only a dynamic table's export has them"
+            )
+        pairs = [
+            np.asarray(
+                load_array(os.path.join(directory, k["file"]), (k["count"], 2), np.int64, dir_fd=fd)
+            )
+            for k in manifest["keys"]
+        ]
+    finally:
+        os.close(fd)
+    both = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
+    order = np.argsort(both[:, 0], kind="stable")
+    return both[order, 0], both[order, 1]
+
+
 def read_table(directory: str) -> np.ndarray:
     """The whole exported table as one array (for tables that fit in memory)."""
     manifest, parts = _open_export(directory)
@@ -305,4 +363,4 @@ def read_table(directory: str) -> np.ndarray:
     return from_disk(table, manifest["dtype"])
 
 
-__all__ = ["export_table", "iter_table", "read_manifest", "read_table"]
+__all__ = ["export_table", "iter_table", "read_keys", "read_manifest", "read_table"]

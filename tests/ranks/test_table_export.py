@@ -148,3 +148,28 @@ def test_a_damaged_export_is_named(hvd, tmp_path_factory):
 def oracle_in_step():
     got = comm.allgather_object(comm.rank(), name="mmde_test_export_in_step")
     assert got == list(range(comm.size()))
+
+
+def test_export_table_writes_a_dynamic_tables_keys_with_its_rows(hvd, tmp_path_factory):
+    from merlin_models_de.persistence.io import StorageError
+    from merlin_models_de.persistence.table_export import read_keys
+    from merlin_models_de.variables import embedding_blocks
+    from tests.ranks import dynamic_model as dm
+    from tests.ranks.test_dynamic_exchange import PER_RANK, rank_rows
+
+    n, r = comm.size(), comm.rank()
+    data = comm.broadcast_object(dm.make_data(n * PER_RANK * 3, 3, seed=7))
+    model = dm.build_model(dm.no_eviction())
+    model.compile(optimizer="adagrad")
+    model.fit(dm.dataset(data, rank_rows(len(data["label"])), PER_RANK), epochs=1, verbose=0)
+    (block,) = embedding_blocks(model)
+    root = comm.broadcast_object(str(tmp_path_factory.mktemp("tables")) if r == 0 else None)
+    for table in ("item", "user"):
+        export_table(block, table, f"{root}/{table}")
+    want_keys, want_rows = block.dynamic_table("item")
+    keys, rows = read_keys(f"{root}/item")
+    np.testing.assert_array_equal(keys, want_keys)
+    assert len(keys) > 20
+    np.testing.assert_array_equal(read_table(f"{root}/item")[rows], want_rows)
+    with pytest.raises(StorageError, match=r"table 'user'\) holds no keys"):
+        read_keys(f"{root}/user")
