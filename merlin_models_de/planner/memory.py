@@ -104,6 +104,7 @@ def plan_peak_bytes(
             overhead=overhead,
         )
         + int((1 + overhead) * replicated_extra(plan, rank, dtype_bytes, table_bytes))
+        + plan.key_map_bytes(rank)  # a dynamic table's key map, beside its rows
         for rank in range(plan.world_size)
     ]
 

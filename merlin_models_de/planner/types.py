@@ -175,9 +175,15 @@ class ShardingPlan:
         of its shares of dynamic tables (:data:`KEY_MAP_BYTES_PER_ROW`, every row used)."""
         mine = self.shards_on(rank)
         elements, rows = sum(s.elements for s in mine), sum(s.rows for s in mine)
-        keyed = sum(s.rows for s in mine if self.table(s.table).dynamic is not None)
         held = sum(held_bytes(elements, rows, optimizer, dtype_bytes, table_bytes, slots))
-        return held + keyed * KEY_MAP_BYTES_PER_ROW
+        return held + self.key_map_bytes(rank)
+
+    def key_map_bytes(self, rank: int) -> int:
+        """Bytes of ``rank``'s key maps: :data:`KEY_MAP_BYTES_PER_ROW` a row of its shares of
+        dynamic tables (every row holding a key)."""
+        return KEY_MAP_BYTES_PER_ROW * sum(
+            s.rows for s in self.shards_on(rank) if self.table(s.table).dynamic is not None
+        )
 
     def balance(self) -> float:
         """Busiest rank's elements over the mean (1.0 is perfect)."""

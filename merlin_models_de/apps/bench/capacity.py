@@ -143,20 +143,7 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
         return [replicated_peak_bytes(tables, optimizer, config["ranks"])] * config["ranks"]
     table_bytes = narrow_table_bytes(config.get("table_dtype"))
     placement = plan(tables, config["ranks"], strategy=args.strategy)
-    peaks = plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
-    # the memory model's peaks hold rows and slots; a dynamic table's key map is beside them
-    return [p + key_map_bytes(placement, rank) for rank, p in enumerate(peaks)]
-
-
-def key_map_bytes(placement, rank: int) -> int:
-    """Bytes of ``rank``'s key maps: :data:`~merlin_models_de.planner.types.KEY_MAP_BYTES_PER_ROW`
-    a row of its shares of dynamic tables (every row holding a key)."""
-    from merlin_models_de.planner.types import KEY_MAP_BYTES_PER_ROW
-
-    dynamic = {t.name for t in placement.tables if t.dynamic is not None}
-    return KEY_MAP_BYTES_PER_ROW * sum(
-        s.rows for s in placement.shards_on(rank) if s.table in dynamic
-    )
+    return plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
 
 
 def _tree(pid: int) -> list:

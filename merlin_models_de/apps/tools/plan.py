@@ -180,11 +180,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def peak_line(placement, optimizer: str, dtype_bytes: int, table_bytes=None) -> str:
-    """The memory model's predicted peak resident bytes of each rank (planner.memory), with
-    the key maps of its dynamic tables' shares."""
+    """The memory model's predicted peak resident bytes of each rank (planner.memory)."""
     peaks = plan_peak_bytes(placement, optimizer, dtype_bytes, table_bytes=table_bytes)
     return "predicted peak resident memory per rank (runtime + tables with slots): " + ", ".join(
-        f"r{r} {human_bytes(b + key_map_bytes(placement, r))}" for r, b in enumerate(peaks)
+        f"r{r} {human_bytes(b)}" for r, b in enumerate(peaks)
     )
 
 
@@ -192,11 +191,6 @@ def key_map_shares(placement, rank: int) -> list:
     """``[(table, rows)]`` of ``rank``'s shares of dynamic tables: each has a key map."""
     dynamic = {t.name for t in placement.tables if t.dynamic is not None}
     return [(s.table, s.rows) for s in placement.shards_on(rank) if s.table in dynamic]
-
-
-def key_map_bytes(placement, rank: int) -> int:
-    """Bytes of ``rank``'s key maps (:data:`KEY_MAP_BYTES_PER_ROW` a row of its shares)."""
-    return KEY_MAP_BYTES_PER_ROW * sum(rows for _, rows in key_map_shares(placement, rank))
 
 
 def key_map_lines(placement) -> list[str]:
@@ -210,7 +204,7 @@ def key_map_lines(placement) -> list[str]:
     for rank in range(placement.world_size):
         shares = ", ".join(f"{t} {rows:,} rows" for t, rows in key_map_shares(placement, rank))
         lines.append(
-            f"rank {rank}: {human_bytes(key_map_bytes(placement, rank))}"
+            f"rank {rank}: {human_bytes(placement.key_map_bytes(rank))}"
             + (f" ({shares})" if shares else "")
         )
     return lines
