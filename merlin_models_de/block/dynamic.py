@@ -39,6 +39,21 @@ class DynamicTablesMixin:
             if t.dynamic is not None
         }
 
+    def dynamic_summary(self) -> str:
+        """One line per dynamic table with this rank's share of its counters (not collective:
+        :meth:`dynamic_counters` sums them over ranks); empty without dynamic tables or before
+        the block is built."""
+        keymaps = getattr(self.backend, "keymaps", {}) if self.built else {}
+        lines = []
+        for table, keymap in keymaps.items():
+            mine = dynamic_contents.local_counters(keymap)
+            lines.append(
+                f"dynamic table '{table}' on this rank: {mine['keys']:,} keys with a row "
+                f"of {keymap.table.rows:,}, {mine['admitted']:,} admitted, "
+                f"{mine['evicted']:,} evicted (dynamic_counters() sums every rank)"
+            )
+        return "\n".join(lines)
+
     def dynamic_maps(self) -> dict:
         """Collective: ``{table: whole map}`` of the dynamic tables, every rank's slots in row
         order (what :meth:`set_dynamic_maps` of a one-process copy takes)."""

@@ -448,8 +448,9 @@ class DistributedEmbeddings(
     compiled_optimizer_slots: int | None = None
 
     def summary(self, optimizer: str | None = None) -> str:
-        """The placement summary, with the backend that runs it. Bytes with slots count the
-        slots of ``optimizer`` (a name), else of the compiled model's optimizer, else sgd's."""
+        """The placement summary, with the backend that runs it, and this rank's counters of
+        each dynamic table. Bytes with slots count the slots of ``optimizer`` (a name), else
+        of the compiled model's optimizer, else sgd's."""
         compiled = optimizer is None and self.compiled_optimizer_name is not None
         narrow = narrow_table_bytes(self.table_dtype)
         table = (
@@ -461,7 +462,8 @@ class DistributedEmbeddings(
             if compiled
             else self.plan.summary(optimizer=optimizer or "sgd", table_bytes=narrow)
         )
-        return f"backend={self.backend_name}\n{table}"
+        dynamic = self.dynamic_summary()
+        return f"backend={self.backend_name}\n{table}" + (f"\n{dynamic}" if dynamic else "")
 
     @property
     def local_variables(self) -> list:

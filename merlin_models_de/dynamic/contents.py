@@ -26,17 +26,24 @@ def gathered(keymap, var) -> tuple[np.ndarray, np.ndarray]:
     return keys[order], rows[order]
 
 
+COUNTERS = ("keys", "admitted", "evicted")
+
+
+def local_counters(keymap) -> dict:
+    """This rank's share of one table: ``{"keys", "admitted", "evicted"}`` (keys: how many hold
+    a row now). Not collective."""
+    mine = (
+        int((keymap.table.counts.numpy() > 0).sum()),
+        int(keymap.admitted.numpy()),
+        int(keymap.evicted.numpy()),
+    )
+    return dict(zip(COUNTERS, mine))
+
+
 def counters(keymap) -> dict:
     """This table's ``{"keys", "admitted", "evicted"}`` summed over ranks (collective)."""
-    mine = np.array(
-        [
-            int((keymap.table.counts.numpy() > 0).sum()),
-            int(keymap.admitted.numpy()),
-            int(keymap.evicted.numpy()),
-        ]
-    )
-    total = np.sum(comm.allgather_object(mine), axis=0)
-    return dict(zip(("keys", "admitted", "evicted"), (int(v) for v in total)))
+    parts = comm.allgather_object(local_counters(keymap))
+    return {name: sum(part[name] for part in parts) for name in COUNTERS}
 
 
 def slot_arrays(table) -> np.ndarray:

@@ -90,3 +90,20 @@ def test_training_outside_fit_warns_once_that_reused_rows_keep_their_state(caplo
         "Dynamic table 'item' is trained outside Merlin's fit: keys are admitted, but a row "
         "taken from an evicted key keeps that key's optimizer state (docs/dynamic.md)."
     ) == 1
+
+
+def test_the_summary_gives_each_dynamic_tables_counters_on_this_rank():
+    emb = block()
+    assert "dynamic table" not in emb.summary()  # not built: nothing counted yet
+    full = tf.constant([[3], [4], [3], [8], [9], [10]], tf.int64)  # 5 keys fill 5 rows
+    emb({"user": tf.constant([[1]] * 6, tf.int64), "item": full}, training=True)
+    # a new key takes the least used row of an earlier step (lfu)
+    emb(
+        {"user": tf.constant([[1]], tf.int64), "item": tf.constant([[11]], tf.int64)}, training=True
+    )
+    lines = emb.summary().splitlines()
+    assert lines[-1] == (
+        "dynamic table 'item' on this rank: 5 keys with a row of 5, 6 admitted, 1 evicted "
+        "(dynamic_counters() sums every rank)"
+    )
+    assert emb.dynamic_counters()["item"] == {"keys": 5, "admitted": 6, "evicted": 1}
