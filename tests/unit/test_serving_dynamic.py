@@ -51,7 +51,7 @@ def served(tmp_path_factory):
     workflow = nvt.Workflow(
         (["item_id"] >> nvt.ops.AddTags([Tags.CATEGORICAL, Tags.ITEM_ID]))
         + (["user_id"] >> ValueHashBucket(2**62) >> nvt.ops.AddTags([Tags.USER_ID]))
-        + (["category"] >> nvt.ops.Categorify())
+        + (["category"] >> nvt.ops.Categorify(out_path=str(root / "categories")))
         + (["price"] >> nvt.ops.Normalize())
         + (["click"] >> nvt.ops.AddTags([Tags.TARGET, Tags.BINARY_CLASSIFICATION]))
     )
