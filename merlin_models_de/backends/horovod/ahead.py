@@ -83,8 +83,13 @@ def pipelined(model, dataset):
     first_state = tf.nest.map_structure(_zeros, spec)  # never emitted (skipped below)
     # a batch of 0 samples (also where the input's batch size is fixed, e.g.
     # ``batch(..., drop_remainder=True)``): the step after it keeps nothing
-    after_last = tf.nest.map_structure(lambda s: _zeros(s, samples=0), spec)
-    marked = dataset.concatenate(tf.data.Dataset.from_tensors(after_last))
+    # made inside the pipeline, not captured: TF 2.12's tf.data rewrites turn a captured
+    # constant (``from_tensors``) into a placeholder, and every pass of every rank then logs
+    # "Executor start aborting"
+    after_last = tf.data.Dataset.range(1).map(
+        lambda _: tf.nest.map_structure(lambda s: _zeros(s, samples=0), spec)
+    )
+    marked = dataset.concatenate(after_last)
 
     def paired_with_next(previous, element):
         # one function call per element (a scan, then skip the first output: the initial
