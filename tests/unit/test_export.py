@@ -141,6 +141,7 @@ def files_of(root):
     return out
 
 
+@pytest.mark.full  # 69 s; CI kills a rank mid-checkpoint in tests/commands/test_checkpoint_faults.py
 def test_a_save_killed_while_rank_0_writes_leaves_the_old_savedmodel_whole(tmp_path):
     """model.save under horovodrun, killed while rank 0 writes the new SavedModel over an
     old one: the old one stays byte for byte (its variables were once overwritten under the

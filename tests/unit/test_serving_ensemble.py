@@ -256,6 +256,7 @@ def test_a_bad_request_names_the_column_the_expected_and_the_received_type(out, 
     np.testing.assert_allclose(served(ensemble, fine.iloc[:1]), want[:1], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.full  # 94 s; CI serves retrieval queries in test_serving_retrieval.py
 def test_retrieval_ensemble_on_a_session_workflow_with_scalars_gives_the_models_top_k(
     out, tmp_path
 ):
