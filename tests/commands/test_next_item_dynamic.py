@@ -3,8 +3,6 @@ a run with the category sequence dynamic counts its keys each epoch; the item co
 table the output is tied to, is refused naming the option and its value, on every rank."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,35 +14,11 @@ from merlin_models_de.apps.next_item.__main__ import (
     parser,
 )
 from merlin_models_de.apps.next_item.data import categories_of, make_sessions
-from tests.commands.launch import HOROVODRUN
-from tests.commands.launch import QUIET_ENV as ENV
+from tests.commands.test_next_item import TINY as NEXT_ITEM_TINY
+from tests.commands.test_next_item import _run
 
-TINY = [
-    "--items",
-    "2000",
-    "--dim",
-    "8",
-    "--mlp",
-    "16",
-    "--sessions",
-    "1024",
-    "--valid-sessions",
-    "256",
-    "--batch-size",
-    "128",
-    "--quiet",
-]
-
-
-def _run(args, ranks=1, timeout=300):
-    cmd = [sys.executable, "-m", "merlin_models_de.apps.next_item", *args]
-    if ranks > 1:
-        cmd = [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}"]
-        cmd += ["--network-interface", "lo", sys.executable, "-m"]
-        cmd += ["merlin_models_de.apps.next_item", *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=ENV, check=False
-    )
+# the next-item command's tiny run, in batches of 128 (a later option wins)
+TINY = [*NEXT_ITEM_TINY, "--batch-size", "128"]
 
 
 @pytest.mark.full  # a next-item run (~25 s); the option checks below run in the CI tier

@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from merlin_models_de.apps.common.console import quiet_imports
-from merlin_models_de.apps.common.dynamic import POLICIES
+from merlin_models_de.apps.common.dynamic import POLICIES, counters_text
 from merlin_models_de.apps.common.optimizers import OPTIMIZERS
 from merlin_models_de.apps.common.options import OneLineParser, checked_arguments, world
 from merlin_models_de.apps.common.program import program_name
@@ -395,10 +395,7 @@ def _side(args, side: str, days: list, vocab: dict, rows: np.ndarray) -> list:
 
 
 def _day_line(side: str, e: dict) -> str:
-    extra = "".join(
-        f" {t}: {c['keys']:,} keys ({c['admitted']:,} admitted, {c['evicted']:,} evicted)"
-        for t, c in e.get("dynamic_tables", {}).items()
-    )
+    extra = counters_text(e.get("dynamic_tables", {}))
     return (
         f"{side} day {e['day']}: auc={_num(e['auc'])} "
         f"auc(outside day 1)={_num(e['auc_outside_vocabulary'])} "

@@ -68,3 +68,12 @@ def dynamic_tables(args, schema) -> dict:
             capacity = int(domain.max) + 1
         out[name] = _option(args, capacity)
     return out
+
+
+def counters_text(tables: dict) -> str:
+    """The epoch line's part for ``{table: {"keys", "admitted", "evicted"}}`` (a report's
+    ``dynamic_tables``): `` TABLE: N keys (A admitted, E evicted)`` each; empty without."""
+    return "".join(
+        f" {table}: {c['keys']:,} keys ({c['admitted']:,} admitted, {c['evicted']:,} evicted)"
+        for table, c in tables.items()
+    )

@@ -9,6 +9,7 @@ import time
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.apps.common.dynamic import counters_text
 from merlin_models_de.apps.common.options import LOCAL_TABLES
 from merlin_models_de.apps.common.reports import (
     cpu_seconds,
@@ -237,10 +238,7 @@ def _line(e, steps: int) -> str:
         else f" val_auc={e['val_auc']:.4f} val_logloss={e['val_logloss']:.4f}"
     )
     part = "" if e["steps"] == steps else f" ({e['steps']} of {steps} steps: resumed)"
-    dynamic = "".join(
-        f" {table}: {c['keys']:,} keys ({c['admitted']:,} admitted, {c['evicted']:,} evicted)"
-        for table, c in e.get("dynamic_tables", {}).items()
-    )
+    dynamic = counters_text(e.get("dynamic_tables", {}))
     return (
         f"epoch {e['epoch']}{part}: {e['samples_per_second']:,.0f} samples/s "
         f"({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "

@@ -15,7 +15,7 @@ import tensorflow as tf
 from merlin_models_de import comm
 from merlin_models_de.apps.common.checkpoints import checkpoint_callback, restore_for
 from merlin_models_de.apps.common.cores import configure_threads
-from merlin_models_de.apps.common.dynamic import dynamic_tables
+from merlin_models_de.apps.common.dynamic import counters_text, dynamic_tables
 from merlin_models_de.apps.common.epochs import RestOfEpoch, equal_steps_for
 from merlin_models_de.apps.common.optimizers import optimizer_for
 from merlin_models_de.apps.common.options import exchange_of, placement_of
@@ -223,10 +223,7 @@ def _line(e) -> str:
         for k in ("loss",) + METRICS
         if k in e[key]
     )
-    dynamic = "".join(
-        f" {table}: {c['keys']:,} keys ({c['admitted']:,} admitted, {c['evicted']:,} evicted)"
-        for table, c in e.get("dynamic_tables", {}).items()
-    )
+    dynamic = counters_text(e.get("dynamic_tables", {}))
     return (
         f"epoch {e['epoch']}: {sps}({e['train_seconds']:.2f} s) loss={e['loss']:.4f}{val} "
         f"embeddings/peak RSS per rank: {mem}{dynamic}"
