@@ -1,6 +1,6 @@
 """A dynamic table's lookup: every rank's keys to every rank, each owner answers for its own.
 
-Like a row-sliced table's exchange (``backends/horovod/exchange.py``), with the owner
+The exchange of a row-sliced table (:func:`.exchange.ask_owners`), with the owner
 chosen by the key (:func:`.keys.owner_of`) and the row by the owner's :class:`.keymap.KeyMap`:
 
 1. every rank's keys (and row lengths) go to every rank (allgathers): every rank sees the
@@ -22,7 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.backends.horovod.exchange import answers_summed
+from merlin_models_de.backends.horovod.exchange import ask_owners, every_rank
 from merlin_models_de.backends.lookup import named_gather, pooled
 from merlin_models_de.dynamic.keys import owner_of
 
@@ -56,28 +56,30 @@ def dynamic_lookup(
     """
     n, rank = comm.size(), comm.rank()
     dtype = dtype or var.dtype
-    all_ids = comm.allgather(ids, f"{name}_ids")
-    all_lengths = comm.allgather(lengths, f"{name}_lengths") if lengths is not None else None
-    owned = tf.equal(owner_of(all_ids, n), rank) if n > 1 else tf.ones_like(all_ids, tf.bool)
-    if training:
-        taken, placed = keymap.update(tf.boolean_mask(all_ids, owned))
-        if reset is not None:
-            reset(taken, placed)
-    slots = keymap.lookup(all_ids)
-    present = tf.logical_and(owned, slots >= 0)
-    at = tf.where(present)
-    rows = named_gather(var, tf.boolean_mask(slots, present), f"{name}_gather", dtype)
-    size = tf.shape(all_ids, out_type=tf.int64)[0]
     dim = var.shape[1]
-    answers = tf.concat(
-        [
-            tf.scatter_nd(at, rows, tf.stack([size, tf.constant(dim, tf.int64)])),
-            tf.cast(tf.logical_and(owned, ~present), dtype)[:, None],
-        ],
-        axis=1,
-    )
     sequence = lengths is not None and combiner is None
-    if lengths is not None and not sequence:
-        answers = pooled(answers, all_lengths, combiner)
-    summed = answers_summed(answers, ids, lengths, all_lengths, sequence, name)
+
+    def answer(all_ids, all_lengths):
+        owned = tf.equal(owner_of(all_ids, n), rank) if n > 1 else tf.ones_like(all_ids, tf.bool)
+        if training:
+            taken, placed = keymap.update(tf.boolean_mask(all_ids, owned))
+            if reset is not None:
+                reset(taken, placed)
+        slots = keymap.lookup(all_ids)
+        present = tf.logical_and(owned, slots >= 0)
+        at = tf.where(present)
+        rows = named_gather(var, tf.boolean_mask(slots, present), f"{name}_gather", dtype)
+        size = tf.shape(all_ids, out_type=tf.int64)[0]
+        answers = tf.concat(
+            [
+                tf.scatter_nd(at, rows, tf.stack([size, tf.constant(dim, tf.int64)])),
+                tf.cast(tf.logical_and(owned, ~present), dtype)[:, None],
+            ],
+            axis=1,
+        )
+        if lengths is not None and not sequence:
+            answers = pooled(answers, all_lengths, combiner)
+        return answers
+
+    summed = ask_owners(ids, answer, every_rank(dim + 1), name, lengths=lengths, sequence=sequence)
     return summed[:, :dim] + summed[:, dim:] * tf.cast(default_row, dtype)

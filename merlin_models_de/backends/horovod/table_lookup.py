@@ -6,13 +6,16 @@ problem count (ids outside the table, unusable input) first, so every rank knows
 message size and all ranks fail together on bad input; then:
 
 - data-parallel table: a local gather;
-- row-sliced table: every rank's ids go to every rank, each rank looks up its rows (zeros
-  elsewhere) and sends each rank its partial rows, which are summed (``exchange.py``);
-- table / column slices: the ids go to the slice owners, each owner answers with its
-  columns, and the columns are joined in order.
+- row-, table- or column-sliced table: the one exchange of rows held elsewhere
+  (``exchange.ask_owners``): every rank's ids go to every rank, each owner answers with its
+  slice (a row slice with its rows, zeros elsewhere; a table or column slice with its
+  columns), and the answers come back in one all-to-all, summed over row slices and joined in
+  column order. Ranks that own no slice of the table receive the ids too: 8 bytes per id
+  against the ``dim * 4`` bytes of its row (the cost is in ``exchange.py``).
 
-Every collective runs on every rank (ranks with nothing to send send an empty, tape-recorded
-tensor), and the exchanges are differentiable, so the table trains through the lookup.
+Every collective runs on every rank (every rank's answer carries the block's anchor, an empty
+tensor on the tape, also where the rank owns no slice or the table is frozen), and the
+exchange is differentiable, so the table trains through the lookup.
 
 Collective names: Horovod pairs graph-mode collectives across ranks by name, and one graph
 may look a table up several times. Each lookup opens a name scope; inside a graph TF makes
@@ -28,9 +31,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from merlin_models_de import comm
-from merlin_models_de.backends.horovod.exchange import row_sliced_lookup
-from merlin_models_de.backends.lookup import named_gather, op_name
+from merlin_models_de.backends.horovod.exchange import ask_owners
+from merlin_models_de.backends.lookup import named_gather, op_name, pooled_lookup
 from merlin_models_de.planner.types import ShardingType
 from merlin_models_de.runtime import agree
 
@@ -56,13 +58,10 @@ def lookup_ids(backend, table: str, ids, problems=()):
             # (a zero no optimizer can fold away) enforce it where control edges get pruned
             ids = tf.identity(ids) + tf.cast(tf.minimum(tf.reduce_min(counts), 0), tf.int64)
             shards = backend.plan.shards_of(table)
-            kind = shards[0].kind
-            if kind is ShardingType.DATA_PARALLEL:
+            if shards[0].kind is ShardingType.DATA_PARALLEL:
                 var, first = backend.shard_variable(shards[0])
                 return named_gather(var, ids + first, op_name(f"lookup_table_{table}"))
-            if kind is ShardingType.ROW_WISE:
-                return _row_sliced(backend, shards, ids, counts, name)
-            return _sliced(backend, sorted(shards, key=lambda s: s.col_start), ids, counts, name)
+            return _from_owners(backend, shards, ids, counts, name)
 
 
 def _header(backend, spec, ids, problems, name):
@@ -98,37 +97,20 @@ def _header(backend, spec, ids, problems, name):
     return tf.cast(received[:, 0], tf.int32), checks  # counts read after the checks
 
 
-def _row_sliced(backend, shards, ids, counts, name):
-    """Every rank looks every rank's ids up in its rows; each rank sums its partial rows."""
-    shard = next(s for s in shards if s.rank == backend.rank)
-    var, _ = backend.shard_variable(shard)  # a row slice is its own variable
-    return row_sliced_lookup(var, shard, ids, name, counts=counts, dtype=backend.dtype)
+def _from_owners(backend, shards, ids, counts, name):
+    """Row, table or column slices: every rank's ids to every rank, each owner answers with
+    its slice (``exchange.ask_owners``); a row slice's answers are summed, columns joined."""
+    mine = next((s for s in shards if s.rank == backend.rank), None)
+    columns = {s.rank: (s.col_start, s.cols) for s in shards}  # row slices: all (0, dim)
 
-
-def _sliced(backend, shards, ids, counts, name):
-    """Table / column slices: ids to every slice owner, columns back, joined in order."""
-    n, rank = backend.world_size, backend.rank
-    owners = {s.rank: s for s in shards}
-    count = tf.size(ids, out_type=tf.int32)
-    sent = tf.concat([ids for j in range(n) if j in owners], 0)
-    splits = tf.stack([count if j in owners else tf.constant(0, tf.int32) for j in range(n)])
-    asked, _ = comm.alltoall(sent, splits, name=f"{name}_ids")
-    mine = owners.get(rank)
-    if mine is not None:
+    def answer(all_ids, _):
         var, first = backend.shard_variable(mine)
-        rows = named_gather(
-            var, asked + first, op_name(f"lookup_table_{mine.table}"), backend.dtype
+        if mine.kind is ShardingType.ROW_WISE:  # a row slice is its own variable
+            return pooled_lookup(
+                var, all_ids, row_range=(mine.row_start, mine.rows), dtype=backend.dtype
+            )
+        return named_gather(
+            var, all_ids + first, op_name(f"lookup_table_{mine.table}"), backend.dtype
         )
-        flat = tf.reshape(rows, [-1])
-        back_splits = counts * mine.cols
-    else:
-        # a graph prunes a collective whose output nobody reads: the ranks that own no
-        # slice must still run the ids exchange, or the owners wait for them forever
-        zero = tf.cast(tf.minimum(tf.size(asked), 0), backend.dtype)
-        flat = backend.empty_send() + zero
-        back_splits = tf.zeros([n], tf.int32)
-    received, _ = comm.alltoall(flat, back_splits, name=f"{name}_rows")
-    sizes = [count * owners[j].cols if j in owners else tf.constant(0, tf.int32) for j in range(n)]
-    pieces = tf.split(received, tf.stack(sizes), num=n)
-    columns = {j: tf.reshape(pieces[j], [-1, owners[j].cols]) for j in owners}
-    return tf.concat([columns[s.rank] for s in shards], axis=1)
+
+    return ask_owners(ids, answer, columns, name, counts=counts, anchor=backend.empty_send())
