@@ -69,3 +69,55 @@ def test_the_dlrm_options_build_the_blocks_option_objects():
     assert check_options(bad) == (
         "row_slice_threshold must be a positive int or None. Received: row_slice_threshold=0"
     )
+
+
+def test_the_commands_optimizers_are_the_planners_and_their_step_is_placed_for():
+    """``work_balanced`` places for a command's own ``--batch-size`` and ``--optimizer`` (its
+    names are the planner's); what a command has no option for keeps PlacementOptions'
+    default, ``--hotness`` read as the plan command reads it."""
+    from merlin_models_de.apps.common.optimizers import OPTIMIZERS
+    from merlin_models_de.apps.next_item.__main__ import parser as next_item_parser
+    from merlin_models_de.planner import OPTIMIZER_SLOTS
+    from merlin_models_de.planner.options import PlacementOptions
+
+    assert set(OPTIMIZERS) <= set(OPTIMIZER_SLOTS)
+    args = next_item_parser().parse_args(["--strategy", "work_balanced", "--batch-size", "128"])
+    assert options.placement_of(args) == PlacementOptions(
+        "work_balanced", batch_size=128, optimizer="adam"
+    )
+    given = SimpleNamespace(strategy="basic", hotness="a=2,b=0.5", link="nvlink-nccl")
+    assert options.placement_of(given) == PlacementOptions(
+        "basic", hotness={"a": 2.0, "b": 0.5}, link="nvlink-nccl"
+    )
+    with pytest.raises(ValueError, match=r"Received: --hotness='a=x'"):
+        options.placement_of(SimpleNamespace(strategy="basic", hotness="a=x"))
+
+
+def test_the_dlrm_block_places_what_the_plan_command_prints_for_its_options(tmp_path, capsys):
+    """A user who runs ``mmde-plan`` with the options of their DLRM run sees the placement the
+    run's block makes. 256 samples a rank with SGD: on these tables ``work_balanced`` places
+    otherwise than for the default step (512, Adagrad), and otherwise than for either alone."""
+    from merlin.schema.io.tensorflow_metadata import TensorflowMetadata
+
+    from merlin_models_de.apps.common.schemas import synthetic_schema
+    from merlin_models_de.apps.common.synthetic import capped_schema
+    from merlin_models_de.apps.dlrm.model import model_for
+    from merlin_models_de.apps.dlrm.options import parser
+    from merlin_models_de.apps.tools import plan as plan_command
+    from merlin_models_de.planner import plan
+
+    step = ["--batch-size", "256", "--optimizer", "sgd"]
+    # the DLRM command's defaults: work_balanced, dim 16; its synthetic Criteo, tables capped
+    args = parser().parse_args(["--max-table-rows", "10000", *step])
+    schema = capped_schema(synthetic_schema(args.dataset), args.max_table_rows, args.table_scale)
+    _, block = model_for(args, schema)  # the block as the command's run builds it
+    # what the block plans on 2 ranks (here it is one process: the same call, 2 ranks)
+    placed = plan(block.tables, 2, block.placement_options)
+    listing = plan_command.rank_listing(placed)
+    for other in (dict(), dict(batch_size=256), dict(optimizer="sgd")):
+        assert plan_command.rank_listing(plan(block.tables, 2, "work_balanced", **other)) != listing
+    TensorflowMetadata.from_merlin_schema(schema).to_proto_text_file(str(tmp_path))
+    assert plan_command.main([str(tmp_path), "--world-size", "2", *step]) == 0
+    out = capsys.readouterr().out
+    assert "Planned for strategy=work_balanced, optimizer=sgd, dim=16" in out
+    assert listing in out, out

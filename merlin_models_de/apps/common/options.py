@@ -23,6 +23,7 @@ import sys
 import time
 
 from merlin_models_de.apps.common.console import quiet_imports
+from merlin_models_de.apps.common.hotness import parse_hotness
 from merlin_models_de.apps.common.huge_pages import relaunch_on_huge_pages
 from merlin_models_de.apps.common.schemas import SCHEMA_FILES, schema_file_in
 from merlin_models_de.backends.memory import available_bytes
@@ -112,15 +113,28 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def placement_of(args) -> PlacementOptions:
-    """The placement a command's options give (``--strategy`` and the thresholds); raises
-    ValueError naming a bad value. The step ``work_balanced`` places for keeps its
-    defaults: the block plans the same as before the options were an object."""
-    return PlacementOptions(
-        strategy=args.strategy,
-        column_slice_threshold=args.column_slice_threshold,
-        row_slice_threshold=args.row_slice_threshold,
-        data_parallel_threshold=args.data_parallel_threshold,
-    )
+    """The placement a command's options give: ``--strategy``, the thresholds, and the step
+    ``work_balanced`` places for, from the command's own ``--batch-size`` and ``--optimizer``
+    (and ``--hotness``, ``--link``, ``--max-rank-elements`` where a command has them; the
+    DLRM and next-item commands have none of these three). A field whose option the command
+    does not have keeps its default, which is the plan command's default too, so
+    ``mmde-plan`` given a DLRM run's options prints the placement that run's block makes.
+    The commands' ``--optimizer`` names (``common/optimizers.OPTIMIZERS``) are the planner's
+    own. Raises ValueError naming a bad value (the DLRM command's ``check_options`` reports
+    it before TensorFlow loads).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> p = placement_of(SimpleNamespace(strategy="work_balanced", batch_size=64, hotness="2"))
+        >>> p.batch_size, p.hotness, p.optimizer, p.link
+        (64, 2.0, 'adagrad', 'gloo-loopback')
+    """
+    given = {
+        name: getattr(args, name) for name in field_names(PlacementOptions) if hasattr(args, name)
+    }
+    if isinstance(given.get("hotness"), str):  # the option's text, as the plan command reads it
+        given["hotness"] = parse_hotness(given["hotness"])
+    return PlacementOptions(**given)
 
 
 def exchange_of(args) -> ExchangeOptions:

@@ -110,7 +110,13 @@ def parser(prog: str | None = None, description: str | None = None) -> argparse.
     )
     # work_balanced: 7-8% more samples/s than memory_optimized on Criteo, 2 ranks
     # (docs/design.md, "Measured decisions")
-    place.add_argument("--strategy", default="work_balanced", choices=STRATEGIES)
+    place.add_argument(
+        "--strategy",
+        default="work_balanced",
+        choices=STRATEGIES,
+        help="work_balanced places for this run's --batch-size and --optimizer (mmde-plan "
+        "given the same options prints the placement)",
+    )
     place.add_argument("--column-slice-threshold", type=int, default=None)
     place.add_argument("--row-slice-threshold", type=int, default=None)
     place.add_argument("--data-parallel-threshold", type=int, default=None)
