@@ -4,11 +4,15 @@ Usage:
     mmde-plan criteo --world-size 4 --column-slice-threshold 16777216 \
         --device-memory 80GB
 
-Defaults are the DLRM command's (``work_balanced``, dim 16, Adagrad), so a plan printed
-here is what that command places; the first line says what was assumed. The block's own
-defaults differ (``basic``, the optimizer of ``compile``): pass ``--strategy`` and
-``--optimizer`` to plan a block of your own. After the per-rank totals, one line per rank lists its
-tables and slices with their rows and widths.
+Defaults are the DLRM command's (``work_balanced``, dim 16, Adagrad, 512 samples a rank),
+so a plan printed here is what that command places; the first line says what was assumed.
+Given a DLRM run's placement options, ``--dim``, ``--batch-size``, ``--optimizer``,
+``--table-scale`` and ``--dynamic``, it prints what that run's block places:
+``work_balanced`` places for the command's own batch size and optimizer as it does here,
+and the command has no ``--hotness`` or ``--link`` (leave those at their defaults). The
+block's own defaults differ (``basic``, the optimizer of ``compile``): pass ``--strategy``
+and ``--optimizer`` to plan a block of your own. After the per-rank totals, one line per
+rank lists its tables and slices with their rows and widths.
 
 The schema argument is a Merlin schema file (``schema.pbtxt`` / ``schema.json``), a dataset
 directory holding one, or the name of a Merlin synthetic dataset (``criteo``, ``aliccp-raw``,
