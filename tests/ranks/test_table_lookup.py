@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from merlin_models_de import DistributedEmbeddings, comm
 from merlin_models_de.merlin.training import DistributedGradientTape
+from merlin_models_de.planner.types import ShardingType
 from tests.ranks import oracle
 from tests.ranks.test_oracle import PLACEMENTS
 
@@ -42,43 +43,67 @@ def test_lookups_equal_the_full_table_and_train_like_one_process(hvd, case, mode
         ids = rank_ids(t.rows, seed=len(t.name))
         got = lookup(t.name, tf.constant(ids))
         np.testing.assert_allclose(got.numpy(), arrays[t.name][ids], rtol=0, atol=0, err_msg=t.name)
-    # gradient: sum over every rank's looked-up rows of (row . 1); one process would add
-    # the count of each id over all ranks; as a mean over N ranks' losses, each table row's
-    # gradient is that count / N... times N after Horovod's scaling of local gradients
-    table = "user"
-    ids = rank_ids(2000, seed=9)
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(block.backend.lookup_table(table, tf.constant(ids)))
-    tape = DistributedGradientTape(tape, block)
+    assert_trains_like_one_process(block, "user", rank_ids(2000, seed=9))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE],
+    ids=lambda k: k.value,
+)
+def test_a_rank_with_no_ids_trains_like_one_process(hvd, kind):
+    """In a graph, rank 0 looks up no ids of a table the last rank owns (a table slice) or
+    holds a slice of (column and row slices): it asks and answers nothing, yet runs every
+    collective both ways, and the gradient is one process's."""
+    placement = {
+        ShardingType.TABLE_WISE: "basic",
+        ShardingType.COLUMN_WISE: "basic-column",
+        ShardingType.ROW_WISE: "row-sliced",
+    }[kind]
+    block = make_block(**next(p[1] for p in PLACEMENTS if p[0] == placement))
+    block(oracle.select(oracle.global_batch(block.features, block.tables, 4, 0), 0, 4))
+    last = comm.size() - 1
+    table = next(
+        t
+        for t in block.tables
+        if {s.kind for s in block.plan.shards_of(t.name)} == {kind}
+        and last in {s.rank for s in block.plan.shards_of(t.name)}
+    )
+    ids = [] if comm.rank() == 0 else [i % table.rows for i in (5, 5, 0, 1234, 7)]
+    assert_trains_like_one_process(block, table.name, ids, graph=True)
+
+
+def assert_trains_like_one_process(block, table, ids, graph=False):
+    """The gradient of every rank's sum of its looked-up rows (column c weighted c + 1, so
+    columns joined out of order show) equals one process's.
+
+    One process would add the weights once per id over all ranks; as a mean over N ranks'
+    losses, each table row's gradient is that sum / N... times N after Horovod's scaling
+    of local gradients."""
     variables = block.trainable_variables
-    grads = tape.gradient(loss, variables)
-    all_ids = np.concatenate(comm.allgather_object(ids.tolist()))
-    want = np.zeros((2000, 8), np.float32)
-    np.add.at(want, all_ids, 1.0 / comm.size())
-    got = np.zeros((2000, 8), np.float32)
-    for var, grad in zip(variables, grads):
-        shard = next(
-            (
-                s
-                for s in block.plan.shards_on(comm.rank())
-                if s.table == table and block.backend.shard_variable(s)[0] is var
-            ),
-            None,
-        )
-        if shard is None or grad is None:
-            continue
-        dense = tf.convert_to_tensor(grad).numpy()
-        got[
-            shard.row_start : shard.row_start + shard.rows,
-            shard.col_start : shard.col_start + shard.cols,
-        ] = dense
+    rows, dim = block.plan.table(table).rows, block.plan.table(table).dim
+    weights = np.arange(1, dim + 1, dtype=np.float32)
+
+    def grads(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(block.backend.lookup_table(table, ids) * weights)
+        return DistributedGradientTape(tape, block).gradient(loss, variables)
+
+    got_grads = (tf.function(grads) if graph else grads)(tf.constant(ids, tf.int64))
+    every = comm.allgather_object(np.asarray(ids, np.int64).tolist())
+    all_ids = np.concatenate([np.asarray(x, np.int64) for x in every])
+    want = np.zeros((rows, dim), np.float32)
+    np.add.at(want, all_ids, weights / comm.size())
     mine = [s for s in block.plan.shards_on(comm.rank()) if s.table == table]
     for s in mine:
+        var = block.backend.shard_variable(s)[0]
+        grad = next(g for v, g in zip(variables, got_grads) if v is var)
         np.testing.assert_allclose(
-            got[s.row_start : s.row_start + s.rows, s.col_start : s.col_start + s.cols],
+            tf.convert_to_tensor(grad).numpy(),  # a shard's variable holds just its rows
             want[s.row_start : s.row_start + s.rows, s.col_start : s.col_start + s.cols],
             rtol=1e-6,
             atol=1e-7,
+            err_msg=f"{table}: {s}",
         )
 
 

@@ -1,16 +1,16 @@
 """One exchange for rows that live on other ranks: queries to every rank, answers back.
 
-Every lookup of a table sliced over ranks by the id runs here: a row-sliced table's in the
+Lookups in which any rank may need rows of any owner run here: a row-sliced table's in the
 block's step (:mod:`.pipeline`), a dynamic table's (:mod:`.dynamic_exchange`) and the table
 handles' lookups of arbitrary ids in row-, table- or column-sliced tables (:mod:`.table_lookup`).
-(The block's step sends the ids of table and column slices to their owners only, in its own
-all-to-alls; the vocab-parallel softmax and top-k call ``comm``'s collectives directly.)
+(In the block's step the ids of table and column slices go to their owners only, in the
+step's own all-to-alls; the vocab-parallel softmax and top-k call ``comm``'s collectives.)
 
 1. Every rank's queries (ids, and the row lengths of multi-hot samples) go to every rank, an
    allgather: every rank sees them all in one order, rank 0's first.
 2. Each rank that owns a slice answers every query: a row slice with the full width (its rows,
    zeros for ids outside them), a table or column slice with its columns. A rank that owns no
-   slice answers nothing, but still runs every collective (see ``anchor``).
+   slice answers nothing, an empty send on the tape, so it runs every collective both ways.
 3. The answers go back to the ranks that asked, in one all-to-all.
 4. The asker combines them by the columns each owner answers: answers for the same columns
    are summed (a row slice's zeros add nothing), and the column groups are joined in column
@@ -21,11 +21,12 @@ table or column-sliced table. Each rank receives 8 bytes per id of each other ra
 ``dim * 4`` bytes per row of its own ids (float32): over ``n`` ranks with as many ids each,
 the ids are ``2 (n - 1) / dim`` of the rows (a quarter at dim 64 on 9 ranks).
 
-The exchange is differentiable (Horovod's all-to-all registers its gradient, the reverse
-all-to-all; the ids have none), so tables train through it.
+The exchange is differentiable (the answers' all-to-all has a gradient, the reverse
+all-to-all; the ids need none), so tables train through it.
 
 Example:
-    >>> rows = row_sliced_lookup(var, shard, ids, "mmde_user_rw", counts)  # doctest: +SKIP
+    >>> columns = {0: (0, 8), 1: (8, 8)}  # two column slices of a dim-16 table
+    >>> rows = ask_owners(ids, answer, columns, "mmde_lookup_user", counts=counts)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -52,10 +53,9 @@ def ask_owners(
             by rank; None: every rank has as many samples as this one.
         lengths: Row lengths of multi-hot ids (every rank as many samples as this one).
         sequence: One answer per id of multi-hot ids (else one per sample).
-        anchor: An empty tensor in the answers' dtype that reads a trainable weight; every rank
-            sends it, so every rank's send is on the tape and every rank runs the backward
-            all-to-all, also where it owns no slice or its slice is frozen. Required where a
-            rank owns no slice.
+        anchor: Where this rank owns no slice, its send: an empty tensor in the answers'
+            dtype that reads a trainable weight, so this rank's send is on the tape as the
+            owners' sends (they read the table) and it runs the backward all-to-all too.
     """
     n, rank = comm.size(), comm.rank()
     all_ids = comm.allgather(ids, f"{name}_ids")
@@ -76,8 +76,6 @@ def ask_owners(
         flat = anchor + tf.cast(tf.minimum(tf.size(all_ids), 0), anchor.dtype)
     else:
         flat = tf.reshape(answer(all_ids, all_lengths), [-1])
-        if anchor is not None:
-            flat = tf.concat([flat, anchor], 0)
     received, _ = comm.alltoall(flat, counts * (mine[1] if mine else 0), f"{name}_rows")
     return _combined(received, counts[rank], columns, n)
 

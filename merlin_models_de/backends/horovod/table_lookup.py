@@ -13,9 +13,8 @@ message size and all ranks fail together on bad input; then:
   column order. Ranks that own no slice of the table receive the ids too: 8 bytes per id
   against the ``dim * 4`` bytes of its row (the cost is in ``exchange.py``).
 
-Every collective runs on every rank (every rank's answer carries the block's anchor, an empty
-tensor on the tape, also where the rank owns no slice or the table is frozen), and the
-exchange is differentiable, so the table trains through the lookup.
+Every collective runs on every rank (a rank that owns no slice sends an empty, tape-recorded
+tensor), and the exchange is differentiable, so the table trains through the lookup.
 
 Collective names: Horovod pairs graph-mode collectives across ranks by name, and one graph
 may look a table up several times. Each lookup opens a name scope; inside a graph TF makes
