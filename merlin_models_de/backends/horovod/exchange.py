@@ -69,7 +69,8 @@ def ask_owners(
     if mine is None:
         if anchor is None:
             raise ValueError(
-                f"Rank {rank} owns no slice and has no anchor to send. Received: {name}"
+                f"Rank {rank} owns no slice of the rows asked by {name!r} and has nothing to "
+                "send: pass its empty send. Received: anchor=None"
             )
         # the send reads the queries: a graph prunes a collective whose output nobody reads,
         # and the owners would wait for this rank's allgather forever

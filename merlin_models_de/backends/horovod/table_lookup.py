@@ -112,4 +112,5 @@ def _from_owners(backend, shards, ids, counts, name):
             var, all_ids + first, op_name(f"lookup_table_{mine.table}"), backend.dtype
         )
 
-    return ask_owners(ids, answer, columns, name, counts=counts, anchor=backend.empty_send())
+    anchor = backend.empty_send() if mine is None else None
+    return ask_owners(ids, answer, columns, name, counts=counts, anchor=anchor)
