@@ -94,19 +94,22 @@ def local_problems(
     if not check_ids:
         count, more = _odd_sizes(inputs, features, batch)
         return static + count, deferred + more
-    names = tf.constant([f.name for f in features])
-    # one sentinel id (0 of a 1-row table, never outside) keeps argmax / gather defined
-    # when the batch holds no ids at all
+    names = tf.constant([f.name for f in features] + [""])
+    row_counts = tf.constant([tables[f.table].rows for f in features] + [1], tf.int64)
+    # one sentinel id (never outside) keeps argmax / gather defined when the batch holds no
+    # ids at all. Built per feature, not by repeating each feature's index over its id
+    # count: shape inference would try to evaluate those counts when Keras saves the model
+    # (TF logs "Executor start aborting" for each try)
     ids = tf.concat([i for i, _ in inputs] + [tf.zeros([1], tf.int64)], 0)
-    counts = tf.stack([tf.size(i, out_type=tf.int64) for i, _ in inputs] + [tf.ones([], tf.int64)])
-    which = tf.repeat(tf.range(len(features) + 1, dtype=tf.int64), counts)
-    row_counts = [tables[f.table].rows for f in features] + [1]
-    rows = tf.gather(tf.constant(row_counts, tf.int64), which)
-    keys = tf.gather(tf.constant([_is_dynamic(tables, f) for f in features] + [False]), which)
-    outside = tf.logical_and(~keys, tf.logical_or(ids < 0, ids >= rows))
+    outside = tf.concat(
+        [_outside(i, f, tables) for (i, _), f in zip(inputs, features)] + [tf.zeros([1], tf.bool)],
+        0,
+    )
     first = tf.argmax(tf.cast(outside, tf.int32), output_type=tf.int64)
+    ends = tf.cumsum(tf.stack([tf.size(i, out_type=tf.int64) for i, _ in inputs] + [1]))
+    feature = tf.searchsorted(ends, first[None], side="right")[0]  # the feature holding it
     n_bad = tf.reduce_sum(tf.cast(outside, tf.int64))
-    bad_feature = tf.gather(tf.concat([names, [""]], 0), tf.gather(which, first, axis=0))
+    bad_feature = tf.gather(names, feature)
     n_odd, odd_checks = _odd_sizes(inputs, features, batch)
     if features:
         deferred.append(
@@ -118,7 +121,7 @@ def local_problems(
                     "id=",
                     tf.gather(ids, first),
                     "(valid ids are 0..rows-1) rows=",
-                    tf.gather(rows, first),
+                    tf.gather(row_counts, feature),
                 ],
             )
         )
@@ -196,14 +199,17 @@ def ids_outside(inputs, features, tables):
         return tf.zeros([0], tf.int64)
     return tf.stack(
         [
-            tf.zeros([], tf.int64)
-            if _is_dynamic(tables, f)
-            else tf.reduce_sum(
-                tf.cast(tf.logical_or(ids < 0, ids >= tables[f.table].rows), tf.int64)
-            )
+            tf.reduce_sum(tf.cast(_outside(ids, f, tables), tf.int64))
             for (ids, _), f in zip(inputs, features)
         ]
     )
+
+
+def _outside(ids, feature, tables):
+    """Which of ``feature``'s ids lie outside its table (a dynamic table's keys never do)."""
+    if _is_dynamic(tables, feature):
+        return tf.zeros_like(ids, tf.bool)
+    return tf.logical_or(ids < 0, ids >= tables[feature.table].rows)
 
 
 def _odd_sizes(inputs, features, batch):

@@ -48,7 +48,7 @@ from merlin_models_de.compat.versions import (
 )
 
 # the compat modules that declare patches (imported by patches(): none loads a library)
-_PATCHING = ("keras", "merlin_hooks", "horovod", "tf_checkpoint")
+_PATCHING = ("keras", "merlin_hooks", "horovod", "tf_checkpoint", "tf_data")
 
 
 def patches() -> list:

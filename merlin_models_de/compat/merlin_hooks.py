@@ -1,6 +1,7 @@
 """Merlin Models' model and output classes patched (each through :mod:`.registry`): the hooks
 of ``BaseModel``'s methods (and, on several ranks, transformer inputs padded as one
-process pads them), the tied-output translation, the top-k encoder hook, and
+process pads them, and Keras' generator datasets read without tf.data's static rewrites,
+:mod:`.tf_data`), the tied-output translation, the top-k encoder hook, and
 ``mm.DistributedEmbeddings`` served lazily by ``merlin.models.tf``."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import inspect
 
 from merlin_models_de.compat.registry import AT_IMPORT, INSTANCE, declare, replace
+from merlin_models_de.compat.tf_data import install_quiet_generator_input
 from merlin_models_de.compat.versions import ensure_supported
 
 _BASE = "merlin.models.tf.models.base"
@@ -192,6 +194,7 @@ def install_merlin_hooks(hooks) -> None:
     replace(_PREDICT, model, lambda original: _predict(original, hooks))
     replace(_CALLBACKS, model, lambda original: _callbacks(original, hooks))
     _install_global_padding(hooks)
+    install_quiet_generator_input(_ACROSS_RANKS.get)
     for name, patch in _SAVES.items():
         replace(patch, getattr(merlin_base, name), lambda original: _wrapped_save(original, hooks))
     for name, patch in _FROM_CONFIGS.items():

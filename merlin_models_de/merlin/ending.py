@@ -21,6 +21,7 @@ import sys
 import tensorflow as tf
 
 from merlin_models_de import comm
+from merlin_models_de.compat.tf_data import without_static_rewrites
 
 # Each wrapped input agrees under names of its own, numbered in the order every rank makes
 # them: a batch one rank pulled ahead of a failed call can never answer another input's.
@@ -33,8 +34,10 @@ def ending_together(method: str, argument: str, data):
     iterable becomes a generator."""
     name = f"mmde_{method}_{argument}_{next(_numbers)}_has_batch"
     if isinstance(data, tf.data.Dataset):
-        return tf.data.Dataset.from_generator(
-            lambda: _agreed(method, argument, data, name), output_signature=data.element_spec
+        return without_static_rewrites(  # (no log lines at each iterator's start)
+            tf.data.Dataset.from_generator(
+                lambda: _agreed(method, argument, data, name), output_signature=data.element_spec
+            )
         )
     return _agreed(method, argument, data, name)
 

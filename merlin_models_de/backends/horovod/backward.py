@@ -71,7 +71,15 @@ def recording(sources, enabled: bool):
 
 
 def exchange(
-    blocks, sizes, incoming, name: str, recorded, carried=None, waiting=None, backend=None
+    blocks,
+    sizes,
+    incoming,
+    name: str,
+    recorded,
+    carried=None,
+    waiting=None,
+    backend=None,
+    widths=None,
 ):
     """The rows' all-to-all, block by block: ``(received blocks, arrived)``; its backward is
     deferred while gradients are collected, when ``recorded`` (from :func:`recording`) is given.
@@ -93,6 +101,11 @@ def exchange(
             waits for :func:`complete` (with ``recorded``), or None: the backward is a plain
             all-to-all.
         backend: The backend class that completes what waits (its ``complete_backward``).
+        widths: Per source rank, the static widths of its blocks when each is a flat
+            ``[this rank's samples, width]`` (``incoming`` is then samples times these).
+            With them and nothing carried, the received buffer is cut by static sizes: TF's
+            shape inference tries to evaluate sizes computed from the inputs when Keras
+            saves the model, and logs "Executor start aborting" for each try.
 
     Returns:
         Per source rank the list of its blocks, and ``arrived``: ``(payload received, its
@@ -126,9 +139,12 @@ def exchange(
             carried_in = received_splits - totals_in
             arrived_splits.append(carried_in // ratio)  # in the payload's own units
             layout = [t for j in range(n) for t in (incoming[j], carried_in[j : j + 1])]
-        parts = tf.split(
-            received, tf.concat(layout, 0), num=sum(counts) + n * (carried is not None)
-        )
+        if carried is None and widths is not None:
+            parts = _cut_by_widths(received, [w for source in widths for w in source])
+        else:
+            parts = tf.split(
+                received, tf.concat(layout, 0), num=sum(counts) + n * (carried is not None)
+            )
         if carried is not None:  # each source's payload is the last of its group
             grouped = _grouped(parts, [c + 1 for c in counts])
             rows = [g[:-1] for g in grouped]
@@ -162,6 +178,16 @@ def exchange(
     if carried is None:
         return out, None
     return out, (from_units(tf.concat(arrived, 0), carried[0].dtype), arrived_splits[0])
+
+
+def _cut_by_widths(received, widths) -> list:
+    """``received``, flat blocks of ``[samples, width]`` (one sample count) in order, cut into
+    its blocks: viewed as ``[sum(widths), samples]``, block k is ``widths[k]`` rows of it."""
+    total = sum(widths)
+    if not total:  # nothing but empty blocks arrived
+        return [received[:0] for _ in widths]
+    rows = tf.split(tf.reshape(received, [total, -1]), widths, axis=0)
+    return [tf.reshape(r, [-1]) for r in rows]
 
 
 def _grouped(items, counts) -> list:

@@ -148,11 +148,16 @@ def _unpack(b, ctx, stage):
     # 0, but only known once the exchange ran (Grappler folds tf.size of its output)
     ctx.after = tf.minimum(tf.reduce_min(tf.cast(received_splits, tf.int32)), 0)
     n_oh, n_mh = r.counts(b.rank)
-    body = tf.reshape(received, [n, 2 + ctx.batch * (n_oh + n_mh)])[:, 2:]
-    ctx.body = tf.reshape(body, [n, n_oh + n_mh, ctx.batch])
+    if not n_oh + n_mh:  # this rank serves no pooled lookup: its segments are headers
+        return
+    # -1, not the batch size: a shape computed from the inputs makes TF's shape inference
+    # try to evaluate it when Keras saves the model ("Executor start aborting" in the log)
+    body = tf.reshape(received, [n, -1])[:, 2:]
+    ctx.body = tf.reshape(body, [n, n_oh + n_mh, -1])
     # each one-hot lookup's ids from every rank: one transpose, not a slice each
-    one_hot = tf.reshape(tf.transpose(ctx.body[:, :n_oh, :], [1, 0, 2]), [n_oh, -1])
-    ctx.per_lookup = [(ids, None) for ids in tf.unstack(one_hot, num=n_oh)] if n_oh else []
+    if n_oh:
+        one_hot = tf.reshape(tf.transpose(ctx.body[:, :n_oh, :], [1, 0, 2]), [n_oh, -1])
+        ctx.per_lookup = [(ids, None) for ids in tf.unstack(one_hot, num=n_oh)]
 
 
 def _values(b, ctx, stage):
@@ -236,11 +241,9 @@ def _vectors(b, ctx, stage):
     anchor = to_wire(b.empty_send(), b.exchange_dtype)
     blocks = [[p[j] for p in parts] + [anchor] for j in range(n)]
 
-    def sizes(owner):  # the blocks ``owner`` sends each rank, with the anchor's
-        cols = [lk.shard.cols for lk in r.served[owner] if not lk.sequence] + [0]
-        return size * tf.constant(cols, tf.int32) + ctx.after
-
-    incoming = [sizes(j) for j in range(n)]
+    # the widths of the blocks each owner sends each rank, with the anchor's
+    widths = [[lk.shard.cols for lk in r.served[j] if not lk.sequence] + [0] for j in range(n)]
+    incoming = [size * tf.constant(w, tf.int32) + ctx.after for w in widths]
     payload = None if ctx.sent is None else (ctx.sent.payload, ctx.sent.splits)
     received, ctx.arrived = backward.exchange(
         blocks,
@@ -251,6 +254,7 @@ def _vectors(b, ctx, stage):
         payload,
         ctx.waiting,
         type(b),
+        widths,
     )
     ctx.tape_scope.close()  # the recorded lookup ends with the rows' exchange
     # the anchor, read once (by the first block) for every pooled output (see ``assemble``)
