@@ -275,12 +275,24 @@ def plan(
     if max_rank_elements is not None and fullest > max_rank_elements:
         least = _least_fullest(tables, dp, mp, rs, world_size, column_slice_threshold)
         raise ValueError(_over_cap(max_rank_elements, strategy, fullest, least, world_size))
-    recorded = (  # the options that shape the plan; the step it was placed for is not kept
-        ("column_slice_threshold", column_slice_threshold),
-        ("data_parallel_threshold", data_parallel_threshold),
-        ("row_slice_threshold", row_slice_threshold),
-    )
-    return ShardingPlan(world_size, strategy, tables, tuple(shards), recorded)
+    return ShardingPlan(world_size, strategy, tables, tuple(shards), _recorded(placement))
+
+
+def _recorded(placement: PlacementOptions) -> tuple:
+    """The options that shaped the plan, so that planning again (an elastic reset's memory
+    check) places the same: the thresholds always, the cap where set, and the step where the
+    strategy places by it (``work_balanced``)."""
+    kept = {
+        "column_slice_threshold": placement.column_slice_threshold,
+        "data_parallel_threshold": placement.data_parallel_threshold,
+        "row_slice_threshold": placement.row_slice_threshold,
+    }
+    if placement.max_rank_elements is not None:
+        kept["max_rank_elements"] = placement.max_rank_elements
+    if placement.strategy == "work_balanced":
+        step = ("batch_size", "hotness", "optimizer", "link")
+        kept.update({name: getattr(placement, name) for name in step})
+    return tuple(sorted(kept.items()))
 
 
 def _placement(placement, options: dict) -> PlacementOptions:

@@ -121,7 +121,8 @@ class ShardingPlan:
     strategy: str
     tables: tuple[TableSpec, ...]
     shards: tuple[Shard, ...]
-    options: tuple[tuple[str, Any], ...] = field(default=())
+    # what shaped it: thresholds, the cap, work_balanced's step (planning again places the same)
+    options: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
 
     def table(self, name: str) -> TableSpec:
         """The TableSpec called ``name``."""

@@ -97,7 +97,8 @@ def test_the_model_predicts_the_published_capacity_runs():
     checked = 0
     for name in ("capacity", "capacity-16-bit", "capacity-4-ranks"):
         published = json.loads((ROOT / "bench" / f"{name}.json").read_text())
-        options = {k: published["config"][k] for k in ("dim", "optimizer", "strategy")}
+        keys = ("dim", "optimizer", "strategy", "batch_size")
+        options = {k: published["config"][k] for k in keys}
         args = type("Args", (), options)
         for row in published["rows"]:
             (config,) = capacity.configurations(row["config"], 2, options["optimizer"])

@@ -3,6 +3,7 @@ with the value received; plan() takes the object, a strategy name or the keyword
 the same; a keyword beside the object is refused naming both (pure Python)."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -99,3 +100,23 @@ def test_validate_options_checks_the_world_size_then_the_options():
         validate_options(0)
     with pytest.raises(ValueError, match="Received: data_parallel_threshold=0"):
         validate_options(2, data_parallel_threshold=0)
+
+
+def test_a_plan_records_what_shaped_it_so_planning_again_places_the_same():
+    """An elastic reset's memory check plans the saved tables again from the plan's options
+    (after a JSON round trip, as a manifest keeps them): the step of work_balanced and the cap
+    must come back, or the re-plan places for the default step."""
+    from merlin_models_de.planner.types import ShardingPlan
+
+    step = dict(batch_size=64, hotness={"m": 30.0}, optimizer="sgd", link="nvlink-nccl")
+    for options in (
+        PlacementOptions("work_balanced", column_slice_threshold=2000, **step),
+        PlacementOptions("memory_balanced", max_rank_elements=10**7),
+    ):
+        first = plan(TABLES, 2, options)
+        saved = ShardingPlan.from_dict(json.loads(json.dumps(first.to_dict())))
+        again = plan(saved.tables, 2, saved.strategy, **dict(saved.options))
+        assert again.shards == first.shards and again.options == first.options
+    recorded = dict(plan(TABLES, 2, PlacementOptions("work_balanced", **step)).options)
+    assert {k: recorded[k] for k in step} == step
+    assert "batch_size" not in dict(plan(TABLES, 2, PlacementOptions(batch_size=64)).options)

@@ -142,7 +142,9 @@ def predicted_peaks(config: dict, scale: float, args) -> list[int]:
     if config["embeddings"] == "merlin":
         return [replicated_peak_bytes(tables, optimizer, config["ranks"])] * config["ranks"]
     table_bytes = narrow_table_bytes(config.get("table_dtype"))
-    placement = plan(tables, config["ranks"], strategy=args.strategy)
+    # the step the run's DLRM command places for (its --batch-size and optimizer)
+    step = dict(batch_size=args.batch_size, optimizer=optimizer)
+    placement = plan(tables, config["ranks"], strategy=args.strategy, **step)
     return plan_peak_bytes(placement, optimizer, table_bytes=table_bytes)
 
 
