@@ -83,7 +83,12 @@ def loader_dataset(
             return features, batch[targets[0]]
         return features, {t: batch[t] for t in targets}
 
-    data = tf.data.Dataset.from_generator(partitions, output_signature=signature)
+    # the generator's dataset inside a flat_map: the same batches, and tf.data's rewrite of
+    # the pipeline no longer meets the generator's placeholder (TF logged it as two
+    # "Executor start aborting" lines per rank at every iterator's start)
+    data = tf.data.Dataset.range(1).flat_map(
+        lambda _: tf.data.Dataset.from_generator(partitions, output_signature=signature)
+    )
     data = data.rebatch(batch_size, drop_remainder=drop_last).map(split)
     return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(prefetch)
 
