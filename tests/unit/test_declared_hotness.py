@@ -53,7 +53,8 @@ def test_the_declared_hotness_places_and_prices_as_if_given():
 
     declared = plan(tables(32.0), 2, "work_balanced")
     # the same placement as the hotness given by hand, another than the default 4 ids
-    assert declared == plan(tables(32.0), 2, "work_balanced", hotness={"t0": 32.0})
+    given = plan(tables(32.0), 2, "work_balanced", hotness={"t0": 32.0})
+    assert declared.shards == given.shards
     assert [[s.table for s in declared.shards_on(r)] for r in range(2)] == [
         ["t0"],
         ["t1", "t2", "t3"],

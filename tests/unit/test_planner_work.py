@@ -145,7 +145,8 @@ def test_a_missing_hotness_reads_the_same_default_in_placement_step_and_bytes():
     tables = multi + specs((1000, 8), (1000, 8))
     p = plan(tables, 2, "work_balanced", batch_size=64, hotness=DEFAULT_MULTI_HOT)
     for value in (None, {}, {"m0": None}):
-        assert plan(tables, 2, "work_balanced", batch_size=64, hotness=value) == p
+        # the same placement (the plans record the hotness each was given)
+        assert plan(tables, 2, "work_balanced", batch_size=64, hotness=value).shards == p.shards
         assert rank_times(p, 64, hotness=value) == rank_times(p, 64, hotness=DEFAULT_MULTI_HOT)
         assert step_costs(p, 64, hotness=value) == step_costs(p, 64, hotness=DEFAULT_MULTI_HOT)
     # and the default is a real number of ids: another one changes the estimate
