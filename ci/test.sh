@@ -4,9 +4,8 @@
 # the swap. Every stage has a timeout; a stuck rank prints "rank N stuck ..." with its stack and
 # fails the run instead of stalling CI.
 # Two tiers (tests/conftest.py): this runs the CI tier (last measured from a clean clone on
-# 2 cores, minutes: setup 2.4, lint 0.1, single-process 13.5, horovodrun 17.1 of which about
-# 2 are now in the full tier, multi-host 4.1, clusters 2.8, peer 2.8; 43 in all on a machine
-# about 20% slower than the one that ran the tier before in 34);
+# 2 cores, minutes: setup 2.1, lint 0.1, collect 0.2, single-process 10.1, horovodrun 11.3,
+# multi-host 3.3, clusters 2.4, peer 2.3; 31.8 in all);
 # `bash ci/test.sh --full` (MMDE_FULL=1) runs every test, the costlier parametrizations and
 # Merlin tests marked `full` and the docs' code blocks too (~2.5 hours).
 set -uo pipefail
