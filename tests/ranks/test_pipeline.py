@@ -135,3 +135,36 @@ def test_next_ids_alone_multi_optimizer_and_steps_per_execution():
 
 def block_order(block) -> list:
     return [f.name for f in block.features]
+
+
+def test_a_rank_that_serves_no_pooled_lookup_joins_the_multi_hot_exchange():
+    """One multi-hot feature, its table whole on rank 0: the last rank serves no pooled lookup but runs the multi-hot values' exchange with empty
+    lengths; fit, evaluate and predict run the schedule on both ranks."""
+    import merlin.models.tf as mm
+
+    from merlin_models_de import comm
+
+    _, data, schema = music_model(merge_backward=True)
+    names = ["item_genres"]
+    # a threshold above the table: kept whole (one table on 2 ranks is otherwise split)
+    block = mm.DistributedEmbeddings(
+        schema.select_by_name(names), dim=8, column_slice_threshold=10**9
+    )
+    model = mm.Model(
+        mm.InputBlockV2(schema.select_by_name([*names, "click"]), categorical=block),
+        mm.MLPBlock([8]),
+        mm.BinaryOutput("click"),
+    )
+    model.compile(optimizer="adagrad")
+    loader = mm.Loader(data.repartition(npartitions=2), batch_size=16, drop_last=True)
+    model.fit(loader, epochs=1, verbose=0)
+    assert [s.rank for s in block.plan.shards] == [0]
+    assert block.backend.routing.counts(comm.size() - 1) == (0, 0)
+    forward = [c.name for c in block.backend.schedule.forward(ahead=False)]
+    assert forward[:2] == ["ids", "values"]
+    model.evaluate(loader, verbose=0)
+    predictions = model.predict(loader, verbose=0)
+    assert np.isfinite(predictions).all()
+    for function in (model.test_function, model.predict_function):
+        traces = stage_names_per_trace(function)
+        assert traces and all(t == forward for t in traces), (traces, forward)

@@ -149,6 +149,7 @@ def _unpack(b, ctx, stage):
     ctx.after = tf.minimum(tf.reduce_min(tf.cast(received_splits, tf.int32)), 0)
     n_oh, n_mh = r.counts(b.rank)
     if not n_oh + n_mh:  # this rank serves no pooled lookup: its segments are headers
+        ctx.body = tf.zeros([n, 0, 0], received.dtype)  # no lengths, for ``values``
         return
     # -1, not the batch size: a shape computed from the inputs makes TF's shape inference
     # try to evaluate it when Keras saves the model ("Executor start aborting" in the log)
