@@ -199,11 +199,15 @@ def allgather(tensor, name=None):
 
 
 def allreduce(tensor, op="average", name=None):
-    """Average (default) or sum of ``tensor`` over ranks."""
+    """Average (default) or sum of ``tensor`` over ranks. A ``name`` is Horovod's name as
+    given, as in :func:`allgather` and :func:`alltoall`: a name scope numbered within one
+    rank's graph (a Keras metric's ``tf.cond`` branch) would keep ranks whose graphs differ
+    from pairing the collective."""
     h = hvd()
     if h is None or h.size() == 1:
         return tensor
-    return h.allreduce(tensor, op=h.Average if op == "average" else h.Sum, name=name)
+    reduce_op = h.Average if op == "average" else h.Sum
+    return h.allreduce(tensor, op=reduce_op, name=name, ignore_name_scope=name is not None)
 
 
 def average_gradients(grads, prefix="mmde_grad") -> list:

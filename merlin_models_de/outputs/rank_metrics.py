@@ -76,13 +76,10 @@ class TargetRankMetrics(tf.keras.metrics.Metric):
             for kind, k, _ in self.entries
         ]
         local = tf.stack(sums + [tf.reduce_sum(weight)])
-        # Summed as an allgather, whose fixed name ignores name scopes: Keras updates metrics
-        # inside a tf.cond, whose branch is inlined under a node name numbered within the rank's
-        # own graph ("cond_1/then/_189/..."). Ranks holding different shards (one without item
-        # rows) trace different graphs and get different numbers; comm.allreduce keeps that
-        # prefix in Horovod's name, so each rank would wait for a collective no other rank sends.
-        gathered = comm.allgather(comm.after(local, y_pred)[None], name=f"mmde_{self.name}")
-        summed = tf.reduce_sum(gathered, axis=0)
+        # a fixed name (comm.allreduce ignores name scopes): Keras updates metrics inside a
+        # tf.cond numbered within each rank's own graph, and ranks holding different shards
+        # trace different graphs
+        summed = comm.allreduce(comm.after(local, y_pred), op="sum", name=f"mmde_{self.name}")
         return tf.group(self.totals.assign_add(summed[:-1]), self.count.assign_add(summed[-1]))
 
     def result(self):
