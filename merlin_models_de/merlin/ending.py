@@ -21,7 +21,7 @@ import sys
 import tensorflow as tf
 
 from merlin_models_de import comm
-from merlin_models_de.compat.tf_data import without_static_rewrites
+from merlin_models_de.compat.tf_data import generator_dataset
 
 # Each wrapped input agrees under names of its own, numbered in the order every rank makes
 # them: a batch one rank pulled ahead of a failed call can never answer another input's.
@@ -34,11 +34,7 @@ def ending_together(method: str, argument: str, data):
     iterable becomes a generator."""
     name = f"mmde_{method}_{argument}_{next(_numbers)}_has_batch"
     if isinstance(data, tf.data.Dataset):
-        return without_static_rewrites(  # (no log lines at each iterator's start)
-            tf.data.Dataset.from_generator(
-                lambda: _agreed(method, argument, data, name), output_signature=data.element_spec
-            )
-        )
+        return generator_dataset(lambda: _agreed(method, argument, data, name), data.element_spec)
     return _agreed(method, argument, data, name)
 
 

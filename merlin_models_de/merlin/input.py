@@ -20,6 +20,7 @@ import math
 import sys
 
 from merlin_models_de import comm
+from merlin_models_de.compat.tf_data import generator_dataset
 
 
 def rank_partitions(npartitions: int, rank: int, world_size: int) -> list:
@@ -83,12 +84,7 @@ def loader_dataset(
             return features, batch[targets[0]]
         return features, {t: batch[t] for t in targets}
 
-    # the generator's dataset inside a flat_map: the same batches, and tf.data's rewrite of
-    # the pipeline no longer meets the generator's placeholder (TF logged it as two
-    # "Executor start aborting" lines per rank at every iterator's start)
-    data = tf.data.Dataset.range(1).flat_map(
-        lambda _: tf.data.Dataset.from_generator(partitions, output_signature=signature)
-    )
+    data = generator_dataset(partitions, signature)  # logs nothing at each iterator's start
     data = data.rebatch(batch_size, drop_remainder=drop_last).map(split)
     return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(prefetch)
 

@@ -28,7 +28,7 @@ from merlin.schema import ColumnSchema, Schema, Tags
 
 import merlin_models_de  # noqa: F401
 from merlin_models_de import loader_dataset
-from merlin_models_de.compat.tf_data import without_static_rewrites
+from merlin_models_de.compat.tf_data import generator_dataset, without_static_rewrites
 
 
 def phase(name):
@@ -46,6 +46,8 @@ assert [int(x[0]) for x in tf.data.Dataset.from_generator(generator, output_sign
 phase("generator without rewrites")
 data = without_static_rewrites(tf.data.Dataset.from_generator(generator, output_signature=spec))
 assert [int(x[0]) for x in data] == [0, 1, 2]
+phase("generator dataset")
+assert [int(x[0]) for x in generator_dataset(generator, spec)] == [0, 1, 2]
 phase("loader_dataset")
 frame = pd.DataFrame({"user": np.arange(12) % 5, "item": np.arange(12) % 7})
 batches = list(loader_dataset(Dataset(frame, npartitions=2), 4))
@@ -102,6 +104,7 @@ def logged(tmp_path_factory):
 def test_a_generator_read_without_rewrites_logs_nothing(logged):
     assert logged["plain generator"] >= 1  # TensorFlow still logs them: the check can fail
     assert logged["generator without rewrites"] == 0
+    assert logged["generator dataset"] == 0
 
 
 def test_loader_dataset_logs_nothing(logged):
